@@ -1,0 +1,57 @@
+"""transformer_book: the encoder–decoder Transformer of "Attention Is All You Need", written to be read.
+
+Each module mirrors a chapter of The Executable Transformer:
+
+- ``embedding``   — chapter 1, token ids → vectors × √d_model
+- ``positional``  — chapter 2, sinusoidal positional encoding
+- ``attention``   — chapters 3–4, scaled dot-product and multi-head attention
+- ``masking``     — chapter 5, padding and causal masks (True = may attend)
+- ``layers``, ``encoder`` — chapter 6; ``decoder``, ``model`` — chapter 7
+- ``inference``   — chapter 9, greedy decoding with a KV cache, beam search
+- ``runtime``     — device, seeding, versions
+"""
+
+from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
+from .decoder import Decoder, DecoderLayer, LayerCache
+from .embedding import TokenEmbedding
+from .encoder import Encoder, EncoderLayer
+from .inference import beam_search, greedy_decode, length_penalty
+from .layers import FeedForward, sublayer_connection
+from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
+from .model import ModelConfig, Transformer, count_parameters, make_model
+from .positional import PositionalEncoding, sinusoidal_positional_encoding
+from .runtime import describe_environment, get_device, glue, seed_everything
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "KVCache",
+    "LayerCache",
+    "ModelConfig",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "TokenEmbedding",
+    "Transformer",
+    "beam_search",
+    "causal_mask",
+    "count_parameters",
+    "describe_environment",
+    "get_device",
+    "glue",
+    "greedy_decode",
+    "length_penalty",
+    "make_model",
+    "padding_mask",
+    "record_attention",
+    "scaled_dot_product_attention",
+    "seed_everything",
+    "sinusoidal_positional_encoding",
+    "sublayer_connection",
+    "target_mask",
+    "to_pytorch_mask",
+]

@@ -1,0 +1,205 @@
+"""Chapters 3 and 4: scaled dot-product attention and multi-head attention.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+
+Masks are boolean with True = "may attend", the convention of
+``torch.nn.functional.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_features, check_mask, check_positive, check_probability, require_tensor, shape_of
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """Attention written out step by step, returning the weights too.
+
+    Shapes: ``query (..., q_len, d_k)``, ``key (..., k_len, d_k)``,
+    ``value (..., k_len, d_v)``, ``mask`` boolean, broadcastable to
+    ``(..., q_len, k_len)``. Returns ``output (..., q_len, d_v)`` and
+    ``weights (..., q_len, k_len)``.
+
+    A query whose every key is masked gets all-zero weights (and output), not
+    NaN, exactly as PyTorch's fused kernel does.
+    """
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        require_tensor(tensor, name)
+        if tensor.dim() < 2 or not tensor.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor (..., len, features), got {tensor.dtype} {shape_of(tensor)}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query and key must share d_k, got query {shape_of(query)} and key {shape_of(key)}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"key and value must have the same length, got key {shape_of(key)} and value {shape_of(value)}")
+    check_probability(dropout_p, "dropout_p")
+
+    d_k = query.shape[-1]
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., q_len, k_len)
+    if mask is not None:
+        check_mask(mask, "mask", tuple(scores.shape))
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        # softmax of a row that is all -inf is 0/0 = NaN; such a query attends to nothing.
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ value, weights
+
+
+@dataclass
+class KVCache:
+    """Keys and values already projected, ``(batch, heads, length, d_head)``.
+
+    Self-attention in the decoder appends one position per step. Cross-attention
+    sets ``static=True``: its keys and values come from the encoder's memory, which
+    does not change while decoding, so they are projected once and reused.
+    """
+
+    key: Tensor | None = None
+    value: Tensor | None = None
+    static: bool = False
+
+    @property
+    def length(self) -> int:
+        return 0 if self.key is None else self.key.shape[2]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` (beam search reorders its hypotheses)."""
+        if self.key is not None:
+            self.key = self.key.index_select(0, index)
+            self.value = self.value.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """``num_heads`` attentions side by side, each on a ``d_model / num_heads`` slice.
+
+    The paper's per-head matrices ``W_i^Q`` (d_model × d_k) are column blocks of
+    one ``q_proj`` (and likewise for K and V); ``out_proj`` is ``W^O``. Parameter
+    names match ``nn.MultiheadAttention``'s split form, so weights copy across.
+
+    ``forward(query (B, q_len, d_model), key (B, k_len, d_model), value (B, k_len, d_model),
+    mask)`` → ``(output (B, q_len, d_model), weights (B, heads, q_len, k_len) or None)``.
+    ``mask`` is boolean, True = may attend, broadcastable to ``(B, q_len, k_len)``
+    (or ``(B, heads, q_len, k_len)``).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        check_positive(d_model, "d_model")
+        check_positive(num_heads, "num_heads")
+        check_probability(dropout, "dropout")
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_head = d_model // num_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        # Set by record_attention(): keep the weights of the last call for charts.
+        self.record_weights = False
+        self.last_weights: Tensor | None = None
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """``(B, len, d_model)`` → ``(B, heads, len, d_head)``."""
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.d_head).transpose(1, 2)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """``(B, heads, len, d_head)`` → ``(B, len, d_model)``: the concatenation of the heads."""
+        batch, _, length, _ = x.shape
+        return x.transpose(1, 2).reshape(batch, length, self.d_model)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        check_features(query, "query", self.d_model)
+        reuse_static = cache is not None and cache.static and cache.key is not None
+        if not reuse_static:
+            check_features(key, "key", self.d_model)
+            check_features(value, "value", self.d_model)
+            if key.shape[:2] != value.shape[:2]:
+                raise ValueError(f"key and value must share (batch, len), got key {shape_of(key)} and value {shape_of(value)}")
+            if key.shape[0] != query.shape[0]:
+                raise ValueError(f"query and key must share the batch size, got query {shape_of(query)} and key {shape_of(key)}")
+
+        q = self.split_heads(self.q_proj(query))
+        if reuse_static:
+            k, v = cache.key, cache.value
+        else:
+            k = self.split_heads(self.k_proj(key))
+            v = self.split_heads(self.v_proj(value))
+            if cache is not None:
+                if cache.key is not None:  # self-attention: append this step to the past
+                    k = torch.cat([cache.key, k], dim=2)
+                    v = torch.cat([cache.value, v], dim=2)
+                cache.key, cache.value = k, v
+
+        batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[2]
+        if mask is not None:
+            if mask.dim() == 4:
+                check_mask(mask, "mask", (batch, self.num_heads, q_len, k_len))
+            else:
+                check_mask(mask, "mask", (batch, q_len, k_len))
+                mask = mask.unsqueeze(-3)  # insert the head axis: (B, 1, q_len, k_len)
+        dropout_p = self.dropout if self.training else 0.0
+
+        if need_weights or self.record_weights:
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+            if self.record_weights:
+                self.last_weights = weights.detach()
+            if not need_weights:
+                weights = None
+        else:
+            # PyTorch's fused kernel: the same result without materialising the weights.
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            weights = None
+        return self.out_proj(self.merge_heads(heads)), weights
+
+
+@contextmanager
+def record_attention(model: nn.Module) -> Iterator[dict[str, Tensor]]:
+    """Collect the attention weights of every :class:`MultiHeadAttention` inside ``model``.
+
+    Within the block each attention computes its weights explicitly; on leaving it the
+    returned dict maps module names (``"encoder.layers.0.self_attn"``, ...) to the
+    weights of their last call, ``(batch, heads, q_len, k_len)``::
+
+        with record_attention(model) as maps:
+            model(src, tgt)
+        maps["decoder.layers.1.cross_attn"]
+    """
+    modules = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    maps: dict[str, Tensor] = {}
+    for module in modules.values():
+        module.record_weights, module.last_weights = True, None
+    try:
+        yield maps
+    finally:
+        for name, module in modules.items():
+            if module.last_weights is not None:
+                maps[name] = module.last_weights
+            module.record_weights, module.last_weights = False, None

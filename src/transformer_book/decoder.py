@@ -1,0 +1,100 @@
+"""Chapter 7: the decoder, which attends to its own past and to the encoder's output."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from torch import Tensor, nn
+
+from ._checks import check_features, check_positive
+from .attention import KVCache, MultiHeadAttention
+from .layers import FeedForward, final_norm, sublayer_connection
+
+
+@dataclass
+class LayerCache:
+    """What one decoder layer remembers between decoding steps (chapter 9's KV cache)."""
+
+    self_attn: KVCache = field(default_factory=KVCache)
+    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the encoder's memory, then feed-forward.
+
+    Shapes: ``x (batch, tgt_len, d_model)``, ``memory (batch, src_len, d_model)``,
+    ``tgt_mask`` broadcastable to ``(batch, tgt_len, tgt_len)``, ``src_mask`` to
+    ``(batch, tgt_len, src_len)`` (usually ``(batch, 1, src_len)``) → ``(batch, tgt_len, d_model)``.
+    Equal to ``nn.TransformerDecoderLayer(..., batch_first=True)`` with the same weights.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        check_features(x, "x", self.d_model)
+        check_features(memory, "memory", self.d_model)
+        self_cache = cache.self_attn if cache is not None else None
+        cross_cache = cache.cross_attn if cache is not None else None
+
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn(h, h, h, tgt_mask, cache=self_cache)[0]
+
+        def cross_attention(h: Tensor) -> Tensor:  # queries from the decoder, keys and values from the encoder
+            return self.cross_attn(h, memory, memory, src_mask, cache=cross_cache)[0]
+
+        x = sublayer_connection(x, self_attention, self.norm1, self.dropout1, self.norm_first)
+        x = sublayer_connection(x, cross_attention, self.norm2, self.dropout2, self.norm_first)
+        return sublayer_connection(x, self.feed_forward, self.norm3, self.dropout3, self.norm_first)
+
+
+class Decoder(nn.Module):
+    """``num_layers`` copies of ``layer``, then ``norm`` (LayerNorm for pre-norm, Identity for post-norm)."""
+
+    def __init__(self, layer: DecoderLayer, num_layers: int) -> None:
+        super().__init__()
+        check_positive(num_layers, "num_layers")
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
+        self.norm = final_norm(layer.d_model, layer.norm_first)
+
+    def new_cache(self) -> list[LayerCache]:
+        """An empty KV cache, one entry per layer."""
+        return [LayerCache() for _ in self.layers]
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        cache: list[LayerCache] | None = None,
+    ) -> Tensor:
+        """``x (batch, tgt_len, d_model)``, ``memory (batch, src_len, d_model)`` → ``(batch, tgt_len, d_model)``.
+
+        With ``cache``, ``x`` holds only the new positions; keys and values of the
+        earlier ones are read from the cache and the new ones appended to it.
+        """
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache has {len(cache)} entries but the decoder has {len(self.layers)} layers")
+        for index, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, cache[index] if cache is not None else None)
+        return self.norm(x)

@@ -1,0 +1,55 @@
+"""Chapter 6: the encoder, a stack of identical layers of self-attention and feed-forward."""
+
+from __future__ import annotations
+
+import copy
+
+from torch import Tensor, nn
+
+from ._checks import check_features, check_positive
+from .attention import MultiHeadAttention
+from .layers import FeedForward, final_norm, sublayer_connection
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then a feed-forward network, each inside a residual connection + LayerNorm.
+
+    Shapes: ``x (batch, seq, d_model)``, ``mask`` boolean broadcastable to
+    ``(batch, seq, seq)`` (True = may attend) → ``(batch, seq, d_model)``.
+    Equal to ``nn.TransformerEncoderLayer(..., batch_first=True)`` with the same weights.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        check_features(x, "x", self.d_model)
+        x = sublayer_connection(x, lambda h: self.self_attn(h, h, h, mask)[0], self.norm1, self.dropout1, self.norm_first)
+        return sublayer_connection(x, self.feed_forward, self.norm2, self.dropout2, self.norm_first)
+
+
+class Encoder(nn.Module):
+    """``num_layers`` copies of ``layer`` (each with its own weights), then ``norm``.
+
+    ``norm`` is a final LayerNorm for pre-norm layers and ``nn.Identity`` for post-norm.
+    Shapes: ``x (batch, seq, d_model)`` → memory ``(batch, seq, d_model)``.
+    """
+
+    def __init__(self, layer: EncoderLayer, num_layers: int) -> None:
+        super().__init__()
+        check_positive(num_layers, "num_layers")
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
+        self.norm = final_norm(layer.d_model, layer.norm_first)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)

@@ -1,0 +1,73 @@
+"""Where the code runs and how it is made repeatable: device, seed, versions, glue."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+DEVICE_ENV = "TRANSFORMER_BOOK_DEVICE"
+
+
+def get_device() -> torch.device:
+    """The device chapters and tests run on.
+
+    ``TRANSFORMER_BOOK_DEVICE`` (``cpu``, ``cuda``, ``cuda:1``, ``mps``) forces one;
+    forcing an accelerator that is not there raises, so a GPU job can never pass on
+    a CPU by accident. Without the variable: CUDA, then Apple's MPS, then the CPU.
+    """
+    forced = os.environ.get(DEVICE_ENV, "").strip()
+    if forced:
+        try:
+            device = torch.device(forced)
+        except RuntimeError as error:
+            raise ValueError(f"{DEVICE_ENV}={forced!r} is not a device name ({error})") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"{DEVICE_ENV}={forced!r} but torch.cuda.is_available() is False")
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise RuntimeError(f"{DEVICE_ENV}={forced!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise RuntimeError(f"{DEVICE_ENV}={forced!r} but torch.backends.mps.is_available() is False")
+        if device.type not in {"cpu", "cuda", "mps"}:
+            raise ValueError(f"{DEVICE_ENV}={forced!r}: expected cpu, cuda[:N] or mps")
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and PyTorch (every device) so a chapter gives the same numbers each run."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds CUDA and MPS generators
+
+
+def describe_environment(device: torch.device | None = None) -> str:
+    """One line with the device and the library versions, printed at the top of each chapter."""
+    device = device or get_device()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return (
+        f"device: {device} ({name}) | python {platform.python_version()} | torch {torch.__version__} "
+        f"| numpy {np.__version__}"
+    )
+
+
+def glue(name: str, value: Any, display: bool = False) -> Any:
+    """Hand ``value`` to the book's text under ``name`` (myst-nb's ``glue``).
+
+    Outside a Jupyter Book build (Colab, a reader's notebook) myst-nb may be
+    missing; then nothing is glued and the value is simply returned.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return value
+    myst_glue(name, value, display=display)
+    return value
