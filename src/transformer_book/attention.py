@@ -48,7 +48,7 @@ def scaled_dot_product_attention(
     check_probability(dropout_p, "dropout_p")
 
     d_k = query.shape[-1]
-    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., q_len, k_len)
+    scores = (query @ key.mT) / math.sqrt(d_k)  # (..., q_len, k_len)
     if mask is not None:
         check_mask(mask, "mask", tuple(scores.shape))
         scores = scores.masked_fill(~mask, float("-inf"))

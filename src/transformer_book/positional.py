@@ -1,10 +1,11 @@
 """Chapter 2: positional encoding.
 
 Attention by itself ignores order, so each position gets a fixed vector of
-sines and cosines that is added to the token's embedding:
+sines and cosines that is added to the token's embedding. With one frequency
+per pair of columns, omega_i = 10000 ** (-2i / d_model), position p gets
 
-    PE[pos, 2i]   = sin(pos / 10000^(2i / d_model))
-    PE[pos, 2i+1] = cos(pos / 10000^(2i / d_model))
+    column 2i:     sin(p * omega_i)
+    column 2i + 1: cos(p * omega_i)
 """
 
 from __future__ import annotations

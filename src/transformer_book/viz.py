@@ -1,0 +1,165 @@
+"""Charts used across the chapters. They read tensors and never feed back into the model.
+
+Altair charts stay interactive in the static book (no kernel); matplotlib and
+seaborn draw the static figures. Heatmaps send a compact long table (one row
+per cell, values rounded) so pages stay small.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import altair as alt
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+import torch
+from torch import Tensor
+
+from ._checks import require_tensor, shape_of
+
+
+def _labels(labels: Sequence[str] | None, size: int) -> list[str]:
+    if labels is None:
+        return [str(i) for i in range(size)]
+    if len(labels) != size:
+        raise ValueError(f"expected {size} labels, got {len(labels)}")
+    return [str(label) for label in labels]
+
+
+def matrix_frame(
+    matrix: Tensor,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    decimals: int = 4,
+) -> pd.DataFrame:
+    """A 2-D tensor as a long table with columns ``row``, ``col``, ``row_index``, ``col_index``, ``value``."""
+    require_tensor(matrix, "matrix")
+    if matrix.dim() != 2:
+        raise ValueError(f"matrix must be 2-D (rows, cols), got shape {shape_of(matrix)}")
+    rows, cols = matrix.shape
+    row_names, col_names = _labels(row_labels, rows), _labels(col_labels, cols)
+    values = matrix.detach().float().cpu().round(decimals=decimals)
+    return pd.DataFrame(
+        {
+            "row": [row_names[r] for r in range(rows) for _ in range(cols)],
+            "col": [col_names[c] for _ in range(rows) for c in range(cols)],
+            "row_index": [r for r in range(rows) for _ in range(cols)],
+            "col_index": [c for _ in range(rows) for c in range(cols)],
+            "value": values.flatten().tolist(),
+        }
+    )
+
+
+def heatmap(
+    matrix: Tensor,
+    title: str,
+    x_title: str,
+    y_title: str,
+    value_title: str = "value",
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    scheme: str = "viridis",
+    width: int = 360,
+    height: int = 300,
+) -> alt.Chart:
+    """An interactive heatmap of ``matrix (rows, cols)`` with a tooltip per cell.
+
+    Labelled axes keep the given order (tokens, not alphabetical); unlabelled
+    ones are numeric indices.
+    """
+    data = matrix_frame(matrix, row_labels, col_labels)
+    x = alt.X("col:N", sort=list(dict.fromkeys(data["col"])), title=x_title)
+    y = alt.Y("row:N", sort=list(dict.fromkeys(data["row"])), title=y_title)
+    return (
+        alt.Chart(data, title=title)
+        .mark_rect()
+        .encode(
+            x=x,
+            y=y,
+            color=alt.Color("value:Q", title=value_title, scale=alt.Scale(scheme=scheme)),
+            tooltip=[alt.Tooltip("row:N", title=y_title), alt.Tooltip("col:N", title=x_title), alt.Tooltip("value:Q", title=value_title, format=".4f")],
+        )
+        .properties(width=width, height=height)
+    )
+
+
+def attention_heads_chart(
+    weights: Tensor,
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    title: str = "Attention weights",
+    width: int = 320,
+    height: int = 280,
+) -> alt.Chart:
+    """Attention weights ``(heads, q_len, k_len)`` as a heatmap with a head selector.
+
+    One row of the heatmap is one query; its cells (the keys) sum to 1.
+    """
+    require_tensor(weights, "weights")
+    if weights.dim() != 3:
+        raise ValueError(f"weights must be (heads, q_len, k_len), got shape {shape_of(weights)}")
+    frames = []
+    for head in range(weights.shape[0]):
+        frame = matrix_frame(weights[head], query_labels, key_labels)
+        frame["head"] = head
+        frames.append(frame)
+    data = pd.concat(frames, ignore_index=True)
+    head = alt.param(
+        name="head",
+        value=0,
+        bind=alt.binding_range(min=0, max=weights.shape[0] - 1, step=1, name="head "),
+    )
+    query_order = list(dict.fromkeys(data["row"]))
+    key_order = list(dict.fromkeys(data["col"]))
+    return (
+        alt.Chart(data, title=title)
+        .mark_rect()
+        .encode(
+            x=alt.X("col:N", sort=key_order, title="key (attended to)"),
+            y=alt.Y("row:N", sort=query_order, title="query (attending)"),
+            color=alt.Color("value:Q", title="weight", scale=alt.Scale(scheme="blues", domain=[0, 1])),
+            tooltip=[
+                alt.Tooltip("head:Q"),
+                alt.Tooltip("row:N", title="query"),
+                alt.Tooltip("col:N", title="key"),
+                alt.Tooltip("value:Q", title="weight", format=".3f"),
+            ],
+        )
+        .add_params(head)
+        .transform_filter(alt.datum.head == head)
+        .properties(width=width, height=height)
+    )
+
+
+def mask_plot(
+    mask: Tensor,
+    title: str,
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
+    """A static picture of a boolean mask ``(q_len, k_len)``: dark = may attend, light = hidden."""
+    require_tensor(mask, "mask")
+    if mask.dim() != 2 or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a 2-D boolean tensor, got {mask.dtype} {shape_of(mask)}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.5 * mask.shape[1] + 1.5, 0.5 * mask.shape[0] + 1))
+    sns.heatmap(
+        mask.cpu().int().numpy(),
+        ax=ax,
+        cmap=sns.color_palette(["#f0f0f0", "#2b6cb0"], as_cmap=True),
+        vmin=0,
+        vmax=1,
+        cbar=False,
+        linewidths=0.5,
+        linecolor="white",
+        annot=True,
+        fmt="d",
+        xticklabels=_labels(key_labels, mask.shape[1]),
+        yticklabels=_labels(query_labels, mask.shape[0]),
+    )
+    ax.set_title(title)
+    ax.set_xlabel("key position (attended to)")
+    ax.set_ylabel("query position (attending)")
+    return ax

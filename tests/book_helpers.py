@@ -1,0 +1,116 @@
+"""Helpers shared by the book tests (tests/test_book.py, tests/test_notebooks.py).
+
+The book root defaults to the repository root; set BOOK_ROOT to test another copy
+of the book (for example a scratch copy with stub chapters).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BOOK_ROOT = Path(os.environ.get("BOOK_ROOT", REPO_ROOT)).resolve()
+
+# The command that builds the book: warnings are errors (-W), nitpicky (-n), and
+# --keep-going reports every warning before failing.
+BUILD_ARGS = ["build", "--all", "-W", "-n", "--keep-going"]
+
+# Per-notebook wall times, filled by tests/test_notebooks.py, printed by conftest.py.
+NOTEBOOK_TIMES: dict[str, float] = {}
+
+# Altair's html renderer marks each chart's output div with this id prefix.
+ALTAIR_DIV_SELECTOR = 'div[id^="altair-viz"]'
+
+# Text Altair's mimetype renderer leaves behind when the chart was not rendered as HTML.
+MIMETYPE_FALLBACK_MARKERS = (
+    "&lt;VegaLite ",
+    "<VegaLite ",
+    "it means the renderer has not been properly enabled",
+)
+
+
+def jupyter_book_command() -> list[str]:
+    """`jupyter-book` next to the running Python if present, else from PATH."""
+    import shutil
+    import sys
+
+    candidate = Path(sys.executable).with_name("jupyter-book")
+    exe = str(candidate) if candidate.exists() else shutil.which("jupyter-book")
+    if exe is None:
+        raise RuntimeError("jupyter-book is not installed (pip install -r requirements.txt)")
+    return [exe]
+
+
+def build_book(source: Path, output: Path, timeout: float = 3600) -> subprocess.CompletedProcess:
+    """Build the book at `source` into `output/_build/html`; returns the finished process."""
+    return subprocess.run(
+        jupyter_book_command() + BUILD_ARGS + ["--path-output", str(output), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )
+
+
+def load_config(root: Path = BOOK_ROOT) -> dict:
+    return yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8"))
+
+
+def load_toc(root: Path = BOOK_ROOT) -> dict:
+    return yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
+
+
+def toc_files(root: Path = BOOK_ROOT) -> list[str]:
+    """Every `file:` entry of _toc.yml, root first, in reading order (no extensions)."""
+    toc = load_toc(root)
+    out = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                out.append(entry["file"])
+            walk(entry.get("sections"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return [re.sub(r"\.(ipynb|md)$", "", f) for f in out]
+
+
+def toc_notebooks(root: Path = BOOK_ROOT) -> list[str]:
+    """The toc entries under chapters/, as paths relative to the book root, with .ipynb."""
+    return [f + ".ipynb" for f in toc_files(root) if f.startswith("chapters/")]
+
+
+def chapter_notebooks_on_disk(root: Path = BOOK_ROOT) -> list[str]:
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in (root / "chapters").rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts
+    )
+
+
+def notebooks_in_git(root: Path = BOOK_ROOT) -> list[Path]:
+    """Notebooks git tracks or would add (tracked + untracked, not ignored)."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.ipynb"],
+            cwd=root, capture_output=True, text=True, check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        # Not a git checkout (e.g. an unpacked archive): every notebook outside ignored folders.
+        return sorted(
+            p for p in root.rglob("*.ipynb")
+            if not {".ipynb_checkpoints", "_build"} & set(p.parts)
+        )
+    return sorted(root / line for line in out.splitlines() if line.strip())
+
+
+def page_names(root: Path = BOOK_ROOT) -> list[str]:
+    """Built pages to open in the browser: the root page and every toc entry."""
+    return toc_files(root)
