@@ -1,0 +1,102 @@
+"""Decoding: the KV cache changes nothing but the speed; beam search is exact when the beam is wide."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import transformer_book as tb
+
+BOS, EOS = 1, 2
+
+
+@pytest.fixture
+def model() -> tb.Transformer:
+    tb.seed_everything(7)
+    # A narrow vocabulary and sharpened logits make an untrained model end rows at different steps.
+    model = tb.make_model(tb.ModelConfig.small(12, num_layers=2)).eval()
+    with torch.no_grad():
+        model.generator.weight.mul_(4.0)
+    return model
+
+
+def source_batch() -> torch.Tensor:
+    tb.seed_everything(3)
+    src = torch.randint(3, 12, (6, 9))
+    src[2, 5:] = 0
+    src[4, 3:] = 0
+    return src
+
+
+def test_kv_cache_gives_exactly_the_same_tokens(model):
+    src = source_batch()
+    cached = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=True)
+    recomputed = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=False)
+    assert torch.equal(cached, recomputed)
+    assert cached.shape[1] > 5  # long enough for the cache to matter
+
+
+def test_greedy_rows_start_with_bos_and_stop_at_their_own_eos(model):
+    src = source_batch()
+    out = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS)
+    assert (out[:, 0] == BOS).all()
+    for row in out.tolist():
+        if EOS in row:
+            end = row.index(EOS)
+            assert all(token == 0 for token in row[end + 1 :])  # padding after its own EOS
+        else:
+            assert len(row) == 40
+    ended_at = [row.index(EOS) if EOS in row else len(row) for row in out.tolist()]
+    assert len(set(ended_at)) > 1, "rows should end at different steps for this test to mean anything"
+
+
+def test_greedy_matches_a_hand_written_argmax_loop(model):
+    src = source_batch()[:1]
+    ys = torch.tensor([[BOS]])
+    for _ in range(11):
+        logits = model(src, ys)
+        ys = torch.cat([ys, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        if ys[0, -1] == EOS:
+            break
+    assert torch.equal(tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=EOS), ys)
+
+
+def test_beam_of_one_equals_greedy(model):
+    src = source_batch()
+    greedy = tb.greedy_decode(model, src, max_len=30, bos_id=BOS, eos_id=EOS)
+    beam = tb.beam_search(model, src, max_len=30, bos_id=BOS, eos_id=EOS, beam_size=1)
+    assert torch.equal(beam, greedy)
+
+
+def sequence_log_prob(model, src, ys) -> float:
+    log_probs = model(src, ys[:, :-1]).log_softmax(-1)
+    return log_probs.gather(-1, ys[:, 1:].unsqueeze(-1)).sum().item()
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_wide_beam_finds_the_best_sequence_by_exhaustive_search(alpha):
+    tb.seed_everything(11)
+    model = tb.make_model(tb.ModelConfig.small(5, num_layers=1)).eval()
+    src = torch.tensor([[3, 4, 3]])
+    max_len = 4  # BOS + up to 3 tokens
+    best, best_score = None, float("-inf")
+    for length in range(1, max_len):
+        for body in itertools.product(range(5), repeat=length):
+            ended = body[-1] == EOS
+            if EOS in body[:-1] or (not ended and length < max_len - 1):
+                continue  # a hypothesis either ends with EOS or runs to max_len
+            ys = torch.tensor([[BOS, *body]])
+            score = sequence_log_prob(model, src, ys) / tb.length_penalty(torch.tensor(float(length)), alpha).item()
+            if score > best_score:
+                best, best_score = ys, score
+    found = tb.beam_search(model, src, max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=125, alpha=alpha)
+    assert torch.equal(found, best), (found, best)
+
+
+def test_beam_search_returns_valid_sequences(model):
+    src = source_batch()
+    out = tb.beam_search(model, src, max_len=25, bos_id=BOS, eos_id=EOS, beam_size=4)
+    assert out.shape[0] == 6 and (out[:, 0] == BOS).all()
+    assert (out != 0).any(dim=0)[-1]  # no all-padding column left at the end

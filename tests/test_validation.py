@@ -1,0 +1,92 @@
+"""Bad input fails early with a ValueError that names the argument and the shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_book as tb
+
+
+@pytest.fixture(scope="module")
+def model() -> tb.Transformer:
+    return tb.make_model(tb.ModelConfig.small(11, max_len=16)).eval()
+
+
+def attention() -> tb.MultiHeadAttention:
+    return tb.MultiHeadAttention(16, 4)
+
+
+x = torch.randn(2, 5, 16)
+ids = torch.randint(1, 11, (2, 5))
+
+CASES = {
+    "d_model not divisible by heads": (lambda m: tb.MultiHeadAttention(512, 7), r"d_model=512 .*num_heads=7"),
+    "config heads": (lambda m: tb.ModelConfig(11, 11, d_model=30, num_heads=4), r"d_model=30 .*num_heads=4"),
+    "odd d_model for sinusoids": (lambda m: tb.sinusoidal_positional_encoding(10, 7), r"d_model must be even .*got 7"),
+    "mask does not broadcast": (
+        lambda m: attention()(x, x, x, torch.ones(2, 5, 4, dtype=torch.bool)),
+        r"mask with shape \(2, 5, 4\) does not broadcast to \(2, 5, 5\)",
+    ),
+    "mask has wrong batch": (
+        lambda m: attention()(x, x, x, torch.ones(3, 1, 5, dtype=torch.bool)),
+        r"mask with shape \(3, 1, 5\) does not broadcast to \(2, 5, 5\)",
+    ),
+    "float mask": (
+        lambda m: attention()(x, x, x, torch.zeros(2, 1, 5)),
+        r"mask must be a boolean tensor .*torch.float32 with shape \(2, 1, 5\)",
+    ),
+    "token id above the vocabulary": (
+        lambda m: m.encode(torch.tensor([[1, 2, 11]])),
+        r"src holds ids in \[1, 11\] but the vocabulary has 11 ids .*shape \(1, 3\)",
+    ),
+    "negative token id": (lambda m: m(ids, torch.tensor([[1, -1]])), r"tgt holds ids in \[-1, 1\]"),
+    "source longer than max_len": (
+        lambda m: m.encode(torch.ones(1, 17, dtype=torch.long)),
+        r"src has 17 positions, more than max_len=16; shape \(1, 17\)",
+    ),
+    "target longer than max_len": (
+        lambda m: m.decode(torch.randn(1, 3, 64), None, torch.ones(1, 17, dtype=torch.long)),
+        r"tgt reaches position 16 .*\(1, 17\).*max_len=16",
+    ),
+    "empty batch": (lambda m: m(torch.ones(0, 5, dtype=torch.long), ids), r"src is empty: shape \(0, 5\)"),
+    "float token ids": (lambda m: m.src_embed(torch.ones(2, 3)), r"tokens must hold integer token ids, got dtype torch.float32 with shape \(2, 3\)"),
+    "tokens of the wrong rank": (lambda m: m.encode(torch.ones(5, dtype=torch.long)), r"src must have shape \(batch, seq\), got \(5\)"),
+    "features of the wrong width": (lambda m: attention()(torch.randn(2, 5, 8), x, x), r"query must have last dimension d_model=16, got shape \(2, 5, 8\)"),
+    "integer features": (lambda m: m.encoder(torch.ones(2, 5, 64, dtype=torch.long)), r"x must be a floating-point tensor, got dtype torch.int64"),
+    "key and value lengths differ": (lambda m: attention()(x, x, torch.randn(2, 4, 16)), r"key and value must share \(batch, len\), got key \(2, 5, 16\) and value \(2, 4, 16\)"),
+    "query and key d_k differ": (
+        lambda m: tb.scaled_dot_product_attention(torch.randn(3, 8), torch.randn(4, 6), torch.randn(4, 6)),
+        r"query and key must share d_k, got query \(3, 8\) and key \(4, 6\)",
+    ),
+    "memory of another batch size": (
+        lambda m: m.decode(torch.randn(3, 4, 64), None, ids),
+        r"tgt \(2, 5\) and memory \(3, 4, 64\) must have the same batch size",
+    ),
+    "dropout out of range": (lambda m: tb.MultiHeadAttention(16, 4, dropout=1.5), r"dropout must be in \[0, 1\), got 1.5"),
+    "shared embeddings with two vocabularies": (lambda m: tb.ModelConfig(11, 12, share_embeddings=True), r"src_vocab_size=11 and tgt_vocab_size=12"),
+    "pad id outside the vocabulary": (lambda m: tb.ModelConfig(11, 11, pad_id=11), r"pad_id=11"),
+    "positional offset beyond max_len": (
+        lambda m: tb.PositionalEncoding(16, max_len=8)(torch.randn(1, 4, 16), offset=6),
+        r"positions 6..9 of x with shape \(1, 4, 16\) exceed max_len=8",
+    ),
+    "eos outside the target vocabulary": (
+        lambda m: tb.greedy_decode(m, ids, max_len=5, bos_id=1, eos_id=99),
+        r"eos_id=99 is not an id of the target vocabulary \(size 11\)",
+    ),
+    "decoding longer than max_len": (lambda m: tb.beam_search(m, ids, max_len=20, bos_id=1, eos_id=2), r"max_len=20 exceeds the model's max_len=16"),
+    "non-positive beam": (lambda m: tb.beam_search(m, ids, max_len=5, bos_id=1, eos_id=2, beam_size=0), r"beam_size must be a positive integer, got 0"),
+    "not a tensor": (lambda m: tb.padding_mask([[1, 2, 0]]), r"tokens must be a torch.Tensor, got list"),
+    "causal mask of size 0": (lambda m: tb.causal_mask(0), r"size must be a positive integer, got 0"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_input_raises_value_error_naming_argument_and_shape(case, model):
+    call, message = CASES[case]
+    with pytest.raises(ValueError, match=message):
+        call(model)
+
+
+def test_at_least_twelve_distinct_cases():
+    assert len(CASES) >= 12
