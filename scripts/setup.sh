@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for building the book and running the tests:
+# the pinned Python packages (the package itself included, editable) and,
+# for the browser test, Debian's Chromium when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
+
+if ! command -v chromium >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "setup: Chromium is missing; install Debian's 'chromium' package for the browser test" >&2
+        exit 1
+    fi
+fi
