@@ -17,13 +17,13 @@ from .masking import causal_mask, padding_mask
 from .model import Transformer
 
 
-def _check_decoding_args(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int) -> None:
+def _check_decoding_args(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int | None) -> None:
     check_tokens(src, "src", model.config.src_vocab_size, model.config.max_len)
     check_positive(max_len, "max_len")
     if max_len > model.config.max_len:
         raise ValueError(f"max_len={max_len} exceeds the model's max_len={model.config.max_len}")
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if not 0 <= token < model.config.tgt_vocab_size:
+        if token is not None and not 0 <= token < model.config.tgt_vocab_size:
             raise ValueError(f"{name}={token} is not an id of the target vocabulary (size {model.config.tgt_vocab_size})")
 
 
@@ -33,7 +33,7 @@ def greedy_decode(
     src: Tensor,
     max_len: int,
     bos_id: int,
-    eos_id: int,
+    eos_id: int | None,
     src_mask: Tensor | None = None,
     use_cache: bool = True,
 ) -> Tensor:
@@ -41,7 +41,8 @@ def greedy_decode(
 
     Every row starts with ``bos_id``; a row that has produced ``eos_id`` is padded
     with ``model.config.pad_id`` while the others go on; the loop stops when every
-    row has ended or ``max_len`` tokens (BOS included) exist. ``use_cache=False``
+    row has ended or ``max_len`` tokens (BOS included) exist; with ``eos_id=None``
+    (a task without an end token) every row runs to ``max_len``. ``use_cache=False``
     recomputes the whole prefix at every step; both give the same tokens.
     """
     _check_decoding_args(model, src, max_len, bos_id, eos_id)
@@ -62,7 +63,8 @@ def greedy_decode(
         next_token = model.generator(hidden[:, -1]).argmax(dim=-1)
         next_token = next_token.masked_fill(finished, model.config.pad_id)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
-        finished |= next_token == eos_id
+        if eos_id is not None:
+            finished |= next_token == eos_id
         if finished.all():
             break
     return ys
@@ -79,7 +81,7 @@ def beam_search(
     src: Tensor,
     max_len: int,
     bos_id: int,
-    eos_id: int,
+    eos_id: int | None,
     beam_size: int = 4,
     src_mask: Tensor | None = None,
     alpha: float = 0.6,
@@ -128,7 +130,7 @@ def beam_search(
         rows = (beam + torch.arange(batch, device=device).unsqueeze(1) * k).view(-1)
         scores = candidates.gather(1, best)
         lengths = candidate_lengths.gather(1, best)
-        finished = finished.gather(1, beam) | (token == eos_id)
+        finished = finished.gather(1, beam) | (token == eos_id if eos_id is not None else False)
         ys = torch.cat([ys.index_select(0, rows), token.view(-1, 1)], dim=1)
         for layer_cache in cache:  # the cross-attention cache is the same for every beam of a source
             layer_cache.self_attn.reorder(rows)

@@ -62,9 +62,13 @@ def describe_environment(device: torch.device | None = None) -> str:
 def glue(name: str, value: Any, display: bool = False) -> Any:
     """Hand ``value`` to the book's text under ``name`` (myst-nb's ``glue``).
 
-    Outside a Jupyter Book build (Colab, a reader's notebook) myst-nb may be
-    missing; then nothing is glued and the value is simply returned.
+    NumPy and one-element PyTorch values become plain Python numbers first, so a
+    format such as ``{glue:text}`name:.2f``` applies. Outside a Jupyter Book build
+    (Colab, a reader's notebook) myst-nb may be missing; then nothing is glued and
+    the value is simply returned.
     """
+    if isinstance(value, (np.generic, torch.Tensor)) and getattr(value, "ndim", 0) == 0:
+        value = value.item()
     try:
         from myst_nb import glue as myst_glue
     except ImportError:

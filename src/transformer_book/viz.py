@@ -39,7 +39,7 @@ def matrix_frame(
         raise ValueError(f"matrix must be 2-D (rows, cols), got shape {shape_of(matrix)}")
     rows, cols = matrix.shape
     row_names, col_names = _labels(row_labels, rows), _labels(col_labels, cols)
-    values = matrix.detach().float().cpu().round(decimals=decimals)
+    values = matrix.detach().double().cpu().round(decimals=decimals)  # float64: 0.1234, not 0.12340000271
     return pd.DataFrame(
         {
             "row": [row_names[r] for r in range(rows) for _ in range(cols)],
@@ -138,6 +138,8 @@ def mask_plot(
     query_labels: Sequence[str] | None = None,
     key_labels: Sequence[str] | None = None,
     ax: plt.Axes | None = None,
+    x_title: str = "key position (attended to)",
+    y_title: str = "query position (attending)",
 ) -> plt.Axes:
     """A static picture of a boolean mask ``(q_len, k_len)``: dark = may attend, light = hidden."""
     require_tensor(mask, "mask")
@@ -160,6 +162,6 @@ def mask_plot(
         yticklabels=_labels(query_labels, mask.shape[0]),
     )
     ax.set_title(title)
-    ax.set_xlabel("key position (attended to)")
-    ax.set_ylabel("query position (attending)")
+    ax.set_xlabel(x_title)
+    ax.set_ylabel(y_title)
     return ax

@@ -1,0 +1,187 @@
+"""Chapter 8 (part): the data the model learns from, generated here, nothing downloaded.
+
+Two tasks:
+
+- **copy**: the output repeats the input (seed 003's toy task: vocabulary 11,
+  length 10, every sequence starting with id 1). Trivial for a person, and the
+  quickest proof that the whole model can learn.
+- **dates**: a date written out in French words ("vingt-deux novembre deux mille
+  vingt-six") translated to its ISO form ("2026-11-22"). A real, if small,
+  translation: words must be reordered, numbers composed, and a held-out set of
+  dates is never seen in training.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from ._checks import check_positive, shape_of
+from .masking import padding_mask, target_mask
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+
+
+class Vocabulary:
+    """A fixed list of tokens; ``<pad>``, ``<bos>`` and ``<eos>`` are ids 0, 1 and 2."""
+
+    def __init__(self, tokens: Iterable[str]) -> None:
+        self.tokens = [PAD, BOS, EOS] + sorted(set(tokens) - {PAD, BOS, EOS})
+        self.index = {token: i for i, token in enumerate(self.tokens)}
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, tokens: Sequence[str]) -> list[int]:
+        unknown = [t for t in tokens if t not in self.index]
+        if unknown:
+            raise ValueError(f"tokens not in the vocabulary: {unknown}")
+        return [self.index[t] for t in tokens]
+
+    def decode(self, ids: Iterable[int], strip: bool = True) -> list[str]:
+        """Ids back to tokens; with ``strip`` stop at ``<eos>`` and drop ``<bos>``/``<pad>``."""
+        words = []
+        for i in ids:
+            token = self.tokens[int(i)]
+            if strip and token == EOS:
+                break
+            if not (strip and token in (PAD, BOS)):
+                words.append(token)
+        return words
+
+
+@dataclass
+class Batch:
+    """One training batch for teacher forcing.
+
+    ``src (B, S)``; ``tgt_in (B, T)`` is the target shifted right (it starts with
+    BOS) and ``tgt_out (B, T)`` the tokens to predict (it ends with EOS), so
+    position ``t`` of the decoder predicts ``tgt_out[:, t]`` having seen
+    ``tgt_in[:, :t+1]``. ``src_mask (B, 1, S)``, ``tgt_mask (B, T, T)`` (True = may
+    attend); ``num_tokens`` counts the non-padding targets the loss averages over.
+    """
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    src_mask: Tensor
+    tgt_mask: Tensor
+    num_tokens: int
+
+    @classmethod
+    def from_pairs(cls, src: Tensor, tgt: Tensor, pad_id: int = 0) -> "Batch":
+        """``src (B, S)`` and the full target ``tgt (B, T + 1)`` (BOS … EOS, then padding)."""
+        if src.dim() != 2 or tgt.dim() != 2 or src.shape[0] != tgt.shape[0] or tgt.shape[1] < 2:
+            raise ValueError(
+                f"src and tgt must be (batch, len) with the same batch and tgt at least 2 long, "
+                f"got src {shape_of(src)} and tgt {shape_of(tgt)}"
+            )
+        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+        return cls(
+            src=src,
+            tgt_in=tgt_in,
+            tgt_out=tgt_out,
+            src_mask=padding_mask(src, pad_id),
+            tgt_mask=target_mask(tgt_in, pad_id),
+            num_tokens=int((tgt_out != pad_id).sum()),
+        )
+
+    def to(self, device: torch.device | str) -> "Batch":
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), move(self.src_mask), move(self.tgt_mask), self.num_tokens)
+
+
+def copy_task_batch(batch_size: int, vocab_size: int = 11, length: int = 10, generator: torch.Generator | None = None) -> Batch:
+    """Random sequences whose target is themselves: ids in ``[1, vocab_size)``, the first one set to 1.
+
+    Id 1 doubles as the start token, id 0 is padding (never drawn). There is no
+    end token: decode exactly ``length`` tokens (``greedy_decode(..., eos_id=None)``).
+    """
+    check_positive(batch_size, "batch_size")
+    check_positive(length, "length")
+    if vocab_size < 3:
+        raise ValueError(f"vocab_size must be at least 3 (padding, start, one symbol), got {vocab_size}")
+    data = torch.randint(1, vocab_size, (batch_size, length), generator=generator)
+    data[:, 0] = 1
+    return Batch.from_pairs(data.clone(), data, pad_id=0)
+
+
+# --- dates ---------------------------------------------------------------------------------
+
+FRENCH_MONTHS = [
+    "janvier", "février", "mars", "avril", "mai", "juin",
+    "juillet", "août", "septembre", "octobre", "novembre", "décembre",
+]
+
+
+def french_words(number: int) -> str:
+    """A number in French words, e.g. 71 → "soixante et onze" (via the num2words library)."""
+    from num2words import num2words  # imported here: only the dates task needs it
+
+    return num2words(number, lang="fr")
+
+
+def date_to_french(date: dt.date) -> str:
+    """``2026-11-22`` → ``"vingt-deux novembre deux mille vingt-six"``; the 1st is "premier"."""
+    day = "premier" if date.day == 1 else french_words(date.day)
+    return f"{day} {FRENCH_MONTHS[date.month - 1]} {french_words(date.year)}"
+
+
+def split_words(text: str) -> list[str]:
+    """Source tokens: words, split at spaces and hyphens ("vingt-deux" → "vingt", "deux")."""
+    return [w for w in re.split(r"[\s\-]+", text) if w]
+
+
+class DateTask:
+    """French dates to ISO dates, with a fixed held-out set.
+
+    Every date from ``first_year`` to ``last_year`` is a candidate; a seeded shuffle
+    puts ``held_out`` of them aside for evaluation, and training batches are drawn
+    from the rest only. Source tokens are French words; target tokens are the
+    characters of ``YYYY-MM-DD``.
+    """
+
+    def __init__(self, first_year: int = 1950, last_year: int = 2049, held_out: int = 1000, seed: int = 0) -> None:
+        if first_year > last_year:
+            raise ValueError(f"first_year={first_year} is after last_year={last_year}")
+        start, end = dt.date(first_year, 1, 1), dt.date(last_year, 12, 31)
+        dates = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+        if not 0 < held_out < len(dates):
+            raise ValueError(f"held_out must be in (0, {len(dates)}), got {held_out}")
+        random.Random(seed).shuffle(dates)
+        self.test_dates, self.train_dates = dates[:held_out], dates[held_out:]
+        self.sources = {d: split_words(date_to_french(d)) for d in dates}
+        self.src_vocab = Vocabulary(w for words in self.sources.values() for w in words)
+        self.tgt_vocab = Vocabulary("0123456789-")
+        self.src_len = max(len(words) for words in self.sources.values())
+        self.tgt_len = 10 + 2  # BOS, YYYY-MM-DD, EOS
+
+    def encode(self, dates: Sequence[dt.date]) -> tuple[Tensor, Tensor]:
+        """Source ids ``(n, src_len)`` padded, and target ids ``(n, 12)``: BOS, 10 characters, EOS."""
+        src = torch.zeros(len(dates), self.src_len, dtype=torch.long)
+        tgt = torch.empty(len(dates), self.tgt_len, dtype=torch.long)
+        for row, date in enumerate(dates):
+            ids = self.src_vocab.encode(self.sources[date])
+            src[row, : len(ids)] = torch.tensor(ids)
+            tgt[row] = torch.tensor([self.tgt_vocab.bos_id, *self.tgt_vocab.encode(list(date.isoformat())), self.tgt_vocab.eos_id])
+        return src, tgt
+
+    def train_batch(self, batch_size: int, generator: random.Random | None = None) -> Batch:
+        """A batch of training dates (never a held-out one)."""
+        check_positive(batch_size, "batch_size")
+        chooser = generator or random
+        return Batch.from_pairs(*self.encode(chooser.choices(self.train_dates, k=batch_size)), pad_id=self.src_vocab.pad_id)
+
+    def test_set(self) -> tuple[Tensor, Tensor]:
+        """The held-out dates, encoded: ``(held_out, src_len)`` and ``(held_out, 12)``."""
+        return self.encode(self.test_dates)
+
+    def to_iso(self, ids: Iterable[int]) -> str:
+        return "".join(self.tgt_vocab.decode(ids))

@@ -1,0 +1,169 @@
+"""Chapter 8: how the model learns — label smoothing, the warm-up schedule, the loop, evaluation."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ._checks import check_positive, check_probability, shape_of
+from .data import Batch
+from .inference import greedy_decode
+from .model import Transformer
+
+
+class LabelSmoothingLoss(nn.Module):
+    """Cross-entropy against a softened target: ``1 - smoothing`` on the right token,
+    ``smoothing`` shared evenly by the other real tokens (padding gets nothing).
+
+    ``logits (..., vocab_size)``, ``target (...)`` ids → the mean loss over the
+    targets that are not padding. With ``smoothing=0`` it is plain cross-entropy.
+    """
+
+    def __init__(self, vocab_size: int, smoothing: float = 0.1, pad_id: int = 0) -> None:
+        super().__init__()
+        check_probability(smoothing, "smoothing")
+        if vocab_size < 3:
+            raise ValueError(f"vocab_size must be at least 3 (padding, the right token, another), got {vocab_size}")
+        self.vocab_size, self.smoothing, self.pad_id = vocab_size, smoothing, pad_id
+
+    def target_distribution(self, target: Tensor) -> Tensor:
+        """The distribution each position is trained towards, ``target.shape + (vocab_size,)``."""
+        others = self.vocab_size - 2  # neither the right token nor padding
+        dist = torch.full((*target.shape, self.vocab_size), self.smoothing / others, device=target.device)
+        dist.scatter_(-1, target.unsqueeze(-1), 1.0 - self.smoothing)
+        dist[..., self.pad_id] = 0.0
+        return dist.masked_fill((target == self.pad_id).unsqueeze(-1), 0.0)  # padding positions count for nothing
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        if logits.shape[:-1] != target.shape or logits.shape[-1] != self.vocab_size:
+            raise ValueError(
+                f"logits {shape_of(logits)} must be target {shape_of(target)} plus a last axis of vocab_size={self.vocab_size}"
+            )
+        log_probs = logits.float().log_softmax(dim=-1)
+        per_position = -(self.target_distribution(target) * log_probs).sum(dim=-1)
+        return per_position.sum() / (target != self.pad_id).sum().clamp(min=1)
+
+
+def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """The paper's learning rate: ``factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)``.
+
+    It rises linearly for ``warmup`` steps, then decays as ``1/sqrt(step)``. Step 0 counts as step 1.
+    """
+    step = max(step, 1)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def noam_optimizer(model: nn.Module, d_model: int, warmup: int, factor: float = 1.0) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
+    """Adam with the paper's betas (0.9, 0.98) and eps 1e-9, and the warm-up schedule above."""
+    check_positive(warmup, "warmup")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_rate(step + 1, d_model, warmup, factor))
+    return optimizer, schedule
+
+
+@dataclass
+class History:
+    """What the training loop recorded, one entry per step (and per evaluation)."""
+
+    step: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    eval_step: list[int] = field(default_factory=list)
+    eval_metric: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def train(
+    model: Transformer,
+    next_batch: Callable[[int], Batch],
+    steps: int,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
+    loss_fn: nn.Module | None = None,
+    evaluate: Callable[[Transformer], float] | None = None,
+    eval_every: int = 0,
+    stop_at: float | None = None,
+    progress: bool = True,
+) -> History:
+    """Train for ``steps`` steps and return the :class:`History`.
+
+    ``next_batch(step)`` gives each step's :class:`Batch` (moved to the model's
+    device here). ``evaluate(model)`` returns a metric such as exact-match
+    accuracy; it runs every ``eval_every`` steps, and training stops early once it
+    reaches ``stop_at``. A tqdm bar shows the loss and the learning rate.
+    """
+    check_positive(steps, "steps")
+    device = next(model.parameters()).device
+    loss_fn = loss_fn or LabelSmoothingLoss(model.config.tgt_vocab_size, 0.1, model.config.pad_id)
+    history = History()
+    start = time.perf_counter()
+    bar = tqdm(range(1, steps + 1), disable=not progress, desc="training", unit="step")
+    for step in bar:
+        batch = next_batch(step).to(device)
+        model.train()
+        logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+        loss = loss_fn(logits, batch.tgt_out)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        lr = optimizer.param_groups[0]["lr"]
+        if schedule is not None:
+            schedule.step()
+        history.step.append(step)
+        history.loss.append(loss.item())
+        history.lr.append(lr)
+        bar.set_postfix(loss=f"{history.loss[-1]:.3f}", lr=f"{lr:.2e}", refresh=False)
+        if evaluate is not None and eval_every and (step % eval_every == 0 or step == steps):
+            metric = evaluate(model)
+            history.eval_step.append(step)
+            history.eval_metric.append(metric)
+            bar.set_postfix(loss=f"{history.loss[-1]:.3f}", metric=f"{metric:.3f}")
+            if stop_at is not None and metric >= stop_at:
+                break
+    bar.close()
+    history.seconds = time.perf_counter() - start
+    return history
+
+
+def strip_sequences(ids: Tensor, eos_id: int | None, pad_id: int) -> list[tuple[int, ...]]:
+    """Rows of ``ids (n, len)`` (BOS first) as tuples of the tokens after BOS, up to and without EOS."""
+    rows = []
+    for row in ids[:, 1:].tolist():
+        if eos_id is not None and eos_id in row:
+            row = row[: row.index(eos_id)]
+        rows.append(tuple(t for t in row if t != pad_id))
+    return rows
+
+
+@torch.no_grad()
+def exact_match(
+    model: Transformer,
+    src: Tensor,
+    tgt: Tensor,
+    bos_id: int,
+    eos_id: int | None,
+    batch_size: int = 500,
+) -> float:
+    """The fraction of sources whose greedy translation equals the target exactly.
+
+    ``src (n, S)``, ``tgt (n, T)`` with BOS first (and EOS, unless ``eos_id`` is None).
+    """
+    if src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src {shape_of(src)} and tgt {shape_of(tgt)} must have the same number of rows")
+    model.eval()
+    device = next(model.parameters()).device
+    pad_id = model.config.pad_id
+    correct = 0
+    for first in range(0, src.shape[0], batch_size):
+        chunk_src = src[first : first + batch_size].to(device)
+        chunk_tgt = tgt[first : first + batch_size]
+        decoded = greedy_decode(model, chunk_src, tgt.shape[1], bos_id, eos_id).cpu()
+        predicted = strip_sequences(decoded, eos_id, pad_id)
+        expected = strip_sequences(chunk_tgt, eos_id, pad_id)
+        correct += sum(p == e for p, e in zip(predicted, expected))
+    return correct / src.shape[0]

@@ -1,0 +1,254 @@
+"""The built site: every page loads offline in headless Chromium and every chart draws.
+
+Uses the session fixture `built_book` (tests/conftest.py). The HTML is served by a
+local http.server on 127.0.0.1; every request to any other host is aborted and
+recorded, so a page that reaches for a CDN (Vega, MathJax, fonts) fails the test.
+"""
+
+from __future__ import annotations
+
+import functools
+import html.parser
+import os
+import http.server
+import re
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import altair as alt
+import nbformat
+import pytest
+
+from book_helpers import (
+    ALTAIR_DIV_SELECTOR,
+    BOOK_ROOT,
+    MIMETYPE_FALLBACK_MARKERS,
+    build_book,
+    page_names,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
+]
+MAX_PAGE_BYTES = int(1.5 * 1024 * 1024)
+PAGES = page_names()
+CHART_TIMEOUT_MS = 20_000
+
+
+# --------------------------------------------------------------------------- static checks
+
+def _vega_debug() -> dict[str, str]:
+    text = (BOOK_ROOT / "_static" / "vega-offline.js").read_text(encoding="utf-8")
+    match = re.search(r"var\s+VEGA_DEBUG\s*=\s*(\{[^}]*\})", text)
+    assert match, "_static/vega-offline.js must set `var VEGA_DEBUG = {...}`"
+    return dict(re.findall(r'(\w+)\s*:\s*"([^"]*)"', match.group(1)))
+
+
+def test_vega_offline_versions_match_altair():
+    assert _vega_debug() == {
+        "vega_version": alt.VEGA_VERSION,
+        "vegalite_version": alt.VEGALITE_VERSION,
+        "vegaembed_version": alt.VEGAEMBED_VERSION,
+    }
+
+
+def test_vendored_vega_files_exist_and_are_loaded_first():
+    import yaml
+
+    vendor = BOOK_ROOT / "_static" / "vendor"
+    for name in ("vega.min.js", "vega-lite.min.js", "vega-embed.min.js"):
+        assert (vendor / name).stat().st_size > 10_000, f"_static/vendor/{name} missing or truncated"
+    js = yaml.safe_load((BOOK_ROOT / "_config.yml").read_text())["sphinx"]["config"]["html_js_files"]
+    assert js[:4] == ["vega-offline.js", "vendor/vega.min.js", "vendor/vega-lite.min.js",
+                      "vendor/vega-embed.min.js"], js
+
+
+def test_page_html_size(built_book: Path):
+    too_big = {}
+    for name in PAGES:
+        size = (built_book / f"{name}.html").stat().st_size
+        if size > MAX_PAGE_BYTES:
+            too_big[name] = f"{size / 1e6:.2f} MB"
+    assert not too_big, f"pages over {MAX_PAGE_BYTES / 1e6:.2f} MB (shrink chart data): {too_big}"
+
+
+def test_no_mimetype_chart_fallbacks(built_book: Path):
+    """A chart shown with Altair's mimetype renderer builds as plain text, not a chart."""
+    bad = [name for name in PAGES
+           if any(m in (built_book / f"{name}.html").read_text(encoding="utf-8")
+                  for m in MIMETYPE_FALLBACK_MARKERS)]
+    assert not bad, f"charts rendered as text (use Altair's default html renderer): {bad}"
+
+
+class _LinkParser(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("name"):
+            self.ids.add(attrs["name"])
+        for key in ("href", "src"):
+            if attrs.get(key):
+                self.links.append(attrs[key])
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: Path) -> _LinkParser:
+    parser = _LinkParser()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return parser
+
+
+def test_no_broken_internal_links(built_book: Path):
+    broken = []
+    for page in sorted(built_book.rglob("*.html")):
+        if "_static" in page.relative_to(built_book).parts:
+            continue
+        for link in _parse(page).links:
+            url = urlparse(link)
+            if url.scheme or url.netloc or link.startswith(("mailto:", "javascript:", "data:")):
+                continue
+            target = page if not url.path else (page.parent / unquote(url.path)).resolve()
+            where = f"{page.relative_to(built_book)} -> {link}"
+            if not target.exists():
+                broken.append(where)
+            elif url.fragment and target.suffix == ".html" and url.fragment not in _parse(target).ids:
+                broken.append(where + " (no such anchor)")
+    assert not broken, "broken internal links:\n" + "\n".join(broken)
+
+
+def test_cell_error_fails_the_build(tmp_path: Path):
+    """The book's configuration turns a raising cell into a failed build."""
+    src = tmp_path / "book"
+    src.mkdir()
+    shutil.copy(BOOK_ROOT / "_config.yml", src)
+    shutil.copytree(BOOK_ROOT / "_static", src / "_static")
+    shutil.copytree(BOOK_ROOT / "docs" / "_ext", src / "docs" / "_ext")
+    (src / "intro.md").write_text("# Intro\n\nA page.\n")
+    (src / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: broken\n")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Broken"),
+                nbformat.v4.new_code_cell("raise ZeroDivisionError('cell error must fail the build')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, src / "broken.ipynb")
+    proc = build_book(src, tmp_path / "out", timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0, "a notebook cell raised but the build succeeded:\n" + log[-5000:]
+    assert "cell error must fail the build" in log, log[-5000:]
+
+
+# --------------------------------------------------------------------------- browser checks
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(built_book: Path):
+    handler = functools.partial(_QuietHandler, directory=str(built_book))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+CHARTS_DRAWN_JS = """
+(selector) => {
+  const divs = Array.from(document.querySelectorAll(selector));
+  return divs.map(div => {
+    const el = div.querySelector('canvas, svg.marks');
+    const r = el ? el.getBoundingClientRect() : null;
+    return {id: div.id, drawn: !!(r && r.width > 0 && r.height > 0),
+            error: (div.querySelector('.error') || {}).textContent || null};
+  });
+}
+"""
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_loads_offline_and_charts_draw(name, site, browser, built_book, request):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    page = context.new_page()
+    outside, console_errors, page_errors, failed = [], [], [], []
+
+    def route(r):
+        host = urlparse(r.request.url).hostname
+        if host == "127.0.0.1":
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    page.on("requestfailed", lambda r: failed.append(f"failed {r.url}") if urlparse(r.url).hostname == "127.0.0.1" else None)
+
+    try:
+        page.goto(f"{site}/{name}.html", wait_until="load")
+        # MathJax typesets asynchronously; wait for it when the page has math.
+        page.evaluate("() => (window.MathJax && MathJax.startup && MathJax.startup.promise) "
+                      "? MathJax.startup.promise.then(() => true) : true")
+        n_charts = page.locator(ALTAIR_DIV_SELECTOR).count()
+        if n_charts:
+            try:
+                page.wait_for_function(
+                    f"(s) => Array.from(document.querySelectorAll(s)).every(d => "
+                    f"d.querySelector('canvas, svg.marks') || d.querySelector('.error'))",
+                    arg=ALTAIR_DIV_SELECTOR, timeout=CHART_TIMEOUT_MS)
+            except Exception:
+                pass  # reported below, chart by chart
+        page.wait_for_load_state("networkidle")
+        charts = page.evaluate(CHARTS_DRAWN_JS, ALTAIR_DIV_SELECTOR)
+        math = page.evaluate("() => ({tex: document.querySelectorAll('.math').length, "
+                             "typeset: document.querySelectorAll('mjx-container').length})")
+        if name == PAGES[0] or n_charts:
+            libs = page.evaluate("() => ({vega: window.vega && vega.version, "
+                                 "vegalite: window.vegaLite && vegaLite.version, "
+                                 "embed: window.vegaEmbed && vegaEmbed.version})")
+        else:
+            libs = None
+        shots = os.environ.get("BOOK_SCREENSHOTS")  # a folder: save a full-page PNG per page
+        if shots:
+            Path(shots).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(shots) / (name.replace("/", "__") + ".png")), full_page=True)
+        if request.config.getoption("verbose") > 0:
+            print(f"{name}: {n_charts} charts, {math}, libs={libs}")
+    finally:
+        context.close()
+
+    assert not outside, f"{name}: requests left localhost: {outside}"
+    assert not page_errors, f"{name}: page errors: {page_errors}"
+    assert not console_errors, f"{name}: console errors: {console_errors}"
+    assert not failed, f"{name}: failed local requests: {failed}"
+    not_drawn = [c for c in charts if not c["drawn"]]
+    assert not not_drawn, f"{name}: charts that did not draw: {not_drawn}"
+    if math["tex"]:
+        assert math["typeset"] >= 1, f"{name}: page has math but MathJax typeset nothing: {math}"
+    if libs is not None:
+        assert libs["vega"] and libs["vega"].split(".")[0] == alt.VEGA_VERSION.split(".")[0], libs
+        assert libs["vegalite"] == alt.VEGALITE_VERSION, libs
+        assert libs["embed"] and libs["embed"].split(".")[0] == alt.VEGAEMBED_VERSION.split(".")[0], libs
