@@ -7,11 +7,13 @@ Each module mirrors a chapter of The Executable Transformer:
 - ``attention``   — chapters 3–4, scaled dot-product and multi-head attention
 - ``masking``     — chapter 5, padding and causal masks (True = may attend)
 - ``layers``, ``encoder`` — chapter 6; ``decoder``, ``model`` — chapter 7
+- ``data``, ``training`` — chapter 8, the copy and dates tasks, label smoothing, the schedule, the loop
 - ``inference``   — chapter 9, greedy decoding with a KV cache, beam search
 - ``runtime``     — device, seeding, versions
 """
 
 from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
+from .data import Batch, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
@@ -21,10 +23,21 @@ from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
 from .model import ModelConfig, Transformer, count_parameters, make_model
 from .positional import PositionalEncoding, sinusoidal_positional_encoding
 from .runtime import describe_environment, get_device, glue, seed_everything
+from .training import History, LabelSmoothingLoss, exact_match, noam_optimizer, noam_rate, train
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
+    "DateTask",
+    "History",
+    "LabelSmoothingLoss",
+    "Vocabulary",
+    "copy_task_batch",
+    "exact_match",
+    "noam_optimizer",
+    "noam_rate",
+    "train",
     "Decoder",
     "DecoderLayer",
     "Encoder",
