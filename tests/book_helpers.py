@@ -83,8 +83,10 @@ def toc_files(root: Path = BOOK_ROOT) -> list[str]:
 
 
 def toc_notebooks(root: Path = BOOK_ROOT) -> list[str]:
-    """The toc entries under chapters/, as paths relative to the book root, with .ipynb."""
-    return [f + ".ipynb" for f in toc_files(root) if f.startswith("chapters/")]
+    """The notebook toc entries under chapters/, as paths relative to the book root, with .ipynb.
+
+    Entries that are MyST markdown pages (``chapters/appendix/d_api.md``) are not notebooks."""
+    return [f + ".ipynb" for f in toc_files(root) if f.startswith("chapters/") and not (root / f"{f}.md").exists()]
 
 
 def chapter_notebooks_on_disk(root: Path = BOOK_ROOT) -> list[str]:

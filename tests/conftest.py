@@ -12,8 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from book_helpers import BOOK_ROOT, NOTEBOOK_TIMES, build_book
+
+
+# The package tests use small models, for which one thread is as fast as two; with two, a
+# busy shared machine (the kernels of the notebook tests run beside them) makes PyTorch's
+# threads wait on each other and a 10-second training test takes minutes.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

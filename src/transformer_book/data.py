@@ -14,6 +14,7 @@ Two tasks:
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import random
 import re
 from dataclasses import dataclass
@@ -121,6 +122,7 @@ FRENCH_MONTHS = [
 ]
 
 
+@functools.lru_cache(maxsize=None)  # a few hundred distinct numbers, looked up tens of thousands of times
 def french_words(number: int) -> str:
     """A number in French words, e.g. 71 → "soixante et onze" (via the num2words library)."""
     from num2words import num2words  # imported here: only the dates task needs it

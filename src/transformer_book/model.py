@@ -122,7 +122,7 @@ class Transformer(nn.Module):
 
         ``src_mask`` (broadcastable to ``(batch, 1, src_len)``) hides padding in the
         memory; ``None`` lets every memory position be seen. ``tgt_mask`` defaults to
-        padding + causal. With ``cache`` (see :meth:`Decoder.new_cache`), ``tgt`` holds
+        padding + causal. With ``cache`` (see :meth:`~transformer_book.decoder.Decoder.new_cache`), ``tgt`` holds
         only the positions not decoded yet, and keys and values of earlier ones come
         from the cache.
         """

@@ -3,7 +3,7 @@
 PyTorch packs the query, key and value projections of self-attention into one
 ``in_proj_weight`` of shape ``(3 * d_model, d_model)``; this package keeps three
 ``nn.Linear`` layers. Everything else maps one to one. Masks differ in meaning
-(True = blocked in PyTorch's modules), see :func:`transformer_book.to_pytorch_mask`.
+(True = blocked in PyTorch's modules), see :func:`~transformer_book.masking.to_pytorch_mask`.
 """
 
 from __future__ import annotations

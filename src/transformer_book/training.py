@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
 from ._checks import check_positive, check_probability, shape_of
 from .data import Batch
@@ -92,7 +92,7 @@ def train(
 ) -> History:
     """Train for ``steps`` steps and return the :class:`History`.
 
-    ``next_batch(step)`` gives each step's :class:`Batch` (moved to the model's
+    ``next_batch(step)`` gives each step's :class:`~transformer_book.data.Batch` (moved to the model's
     device here). ``evaluate(model)`` returns a metric such as exact-match
     accuracy; it runs every ``eval_every`` steps, and training stops early once it
     reaches ``stop_at``. A tqdm bar shows the loss and the learning rate.

@@ -1,0 +1,393 @@
+"""A command-line trainer for the copy and dates tasks that runs alone or under ``torchrun``.
+
+One process::
+
+    python -m transformer_book.train --task copy --steps 2000 --batch-size 64 --out copy.pt
+
+Several processes (one per GPU, or several CPU processes talking over gloo)::
+
+    torchrun --standalone --nproc_per_node=4 -m transformer_book.train --task dates --steps 4000 \\
+        --batch-size 256 --out dates.pt
+
+The script is the same in both cases. Under ``torchrun`` the environment holds
+``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; the script then joins the process group
+(NCCL on CUDA, gloo otherwise) and wraps the model in PyTorch's
+:class:`~torch.nn.parallel.DistributedDataParallel`, which averages the gradients
+over the processes during ``backward``. Nothing else here is distributed logic.
+
+Reproducibility is built from two rules:
+
+- the data of step ``s`` depends only on ``(seed, step)``: every rank draws the
+  whole global batch from a generator seeded by them and keeps its own slice, so
+  the union of the slices is exactly the batch a single process would train on;
+- the dropout randomness of step ``s`` on rank ``r`` comes from a generator reseeded
+  with ``(seed, step, rank)``, so a resumed run needs no saved RNG state to repeat
+  the run it continues.
+
+Rank 0 alone shows a tqdm bar (stderr), prints one JSON line per evaluation
+(stdout) and writes checkpoints, at every evaluation and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
+
+from .data import Batch, DateTask, copy_task_batch
+from .model import ModelConfig, Transformer, make_model
+from .runtime import get_device
+from .training import LabelSmoothingLoss, exact_match, noam_optimizer
+
+TASKS = ("copy", "dates")
+COPY_VOCAB, COPY_LENGTH, COPY_EVAL_SIZE = 11, 10, 1000
+
+# The arguments that define a run: a resumed run must be given the same values.
+# (--steps, --eval-every, --out and the world size may change on resume.)
+RUN_DEFINING = ("task", "batch_size", "d_model", "heads", "d_ff", "layers", "dropout", "warmup", "lr_factor", "seed", "bf16")
+
+
+# --- arguments -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring for examples)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer_book.train",
+        description="Train the book's Transformer on the copy or dates task, alone or under torchrun.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--task", choices=TASKS, required=True, help="copy: repeat the input; dates: French words to ISO")
+    parser.add_argument("--steps", type=int, required=True, help="train up to this step (a resumed run continues to it)")
+    parser.add_argument("--batch-size", type=int, required=True, help="the global batch, split evenly over the processes")
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint file written by rank 0")
+    parser.add_argument("--d-model", type=int, default=64, help="width of every layer")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
+    parser.add_argument("--d-ff", type=int, default=256, help="inner width of the feed-forward blocks")
+    parser.add_argument("--layers", type=int, default=2, help="encoder layers, and as many decoder layers")
+    parser.add_argument("--dropout", type=float, default=0.1, help="dropout rate (the paper: 0.1)")
+    parser.add_argument("--warmup", type=int, default=200, help="warm-up steps of the learning-rate schedule (chapter 8: 200)")
+    parser.add_argument("--lr-factor", type=float, default=0.5, help="factor of the paper's learning-rate schedule (chapter 8: 0.5)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights, every batch and every dropout mask")
+    parser.add_argument("--eval-every", type=int, default=100, help="evaluate (and checkpoint) every N steps; 0: at the end only")
+    parser.add_argument("--eval-size", type=int, default=None, help="evaluate on the first N held-out examples (default: all)")
+    parser.add_argument("--resume", type=Path, default=None, help="checkpoint to continue from")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (CUDA; also accepted on CPU, where it is slow)")
+    return parser
+
+
+def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
+    """Raise ``ValueError`` naming the option for a value the run cannot use."""
+    positive = {"--steps": args.steps, "--batch-size": args.batch_size, "--d-model": args.d_model, "--heads": args.heads,
+                "--d-ff": args.d_ff, "--layers": args.layers, "--warmup": args.warmup}
+    for name, value in positive.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    if args.d_model % args.heads:
+        raise ValueError(f"--d-model={args.d_model} is not divisible by --heads={args.heads}")
+    if args.d_model % 2:
+        raise ValueError(f"--d-model must be even (sinusoidal positions), got {args.d_model}")
+    if not 0.0 <= args.dropout < 1.0:
+        raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if not (args.lr_factor > 0 and math.isfinite(args.lr_factor)):
+        raise ValueError(f"--lr-factor must be a positive number, got {args.lr_factor}")
+    if args.eval_every < 0:
+        raise ValueError(f"--eval-every must be 0 (only at the end) or positive, got {args.eval_every}")
+    if args.eval_size is not None and args.eval_size <= 0:
+        raise ValueError(f"--eval-size must be positive, got {args.eval_size}")
+    if args.batch_size % world_size:
+        raise ValueError(
+            f"--batch-size={args.batch_size} must be divisible by the number of processes (world size {world_size}), "
+            "so that every process trains on an equal share"
+        )
+    if args.out.exists() and args.out.is_dir():
+        raise ValueError(f"--out={args.out} is a directory; give a file name such as {args.out / 'checkpoint.pt'}")
+    if args.resume is not None and not args.resume.is_file():
+        raise ValueError(f"--resume={args.resume}: no such checkpoint file")
+
+
+def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> argparse.Namespace:
+    """Parse and validate the command line; ``ValueError`` for a value that parses but cannot be used."""
+    args = build_parser().parse_args(argv)
+    validate_args(args, world_size)
+    return args
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process stands: its rank among ``world_size`` processes and its device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    distributed: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def world_size_from_env() -> int:
+    """``WORLD_SIZE`` as set by torchrun, or 1 for a plain ``python -m`` run."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup_runtime(bf16: bool) -> Runtime:
+    """Join torchrun's process group when its variables are set; pick the device.
+
+    On CUDA each process takes the GPU numbered by ``LOCAL_RANK`` (its index on
+    this machine) and NCCL carries the gradients; on the CPU it is gloo.
+    """
+    device = get_device()
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if device.type == "mps" and (distributed or bf16):
+        raise ValueError("--bf16 and torchrun runs are not supported on Apple's MPS; set TRANSFORMER_BOOK_DEVICE=cpu")
+    if not distributed:
+        return Runtime(rank=0, world_size=1, device=device, distributed=False)
+    if device.type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(f"LOCAL_RANK={local_rank} but this machine has {torch.cuda.device_count()} CUDA device(s); "
+                             "give torchrun at most that many --nproc_per_node")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return Runtime(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, distributed=True)
+
+
+def derive_seed(*numbers: int) -> int:
+    """A 63-bit seed mixed from several integers (NumPy's SeedSequence), e.g. ``(seed, step, rank)``."""
+    return int(np.random.SeedSequence([int(n) for n in numbers]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskData:
+    """What the loop needs from a task: vocabulary sizes, a global batch per step, and a held-out set."""
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    global_batch: Callable[[int], Batch]  # step → the whole global batch of that step
+    eval_src: Tensor
+    eval_tgt: Tensor  # BOS first
+    bos_id: int
+    eos_id: int | None
+
+
+def make_task(name: str, batch_size: int, seed: int, eval_size: int | None) -> TaskData:
+    """The copy task (vocabulary 11, length 10) or the French dates task, seeded by ``seed``."""
+    if name == "copy":
+        def global_batch(step: int) -> Batch:
+            generator = torch.Generator().manual_seed(derive_seed(seed, step))
+            return copy_task_batch(batch_size, COPY_VOCAB, COPY_LENGTH, generator=generator)
+
+        # Steps count from 1, so (seed, 0) is never a training batch. With 10^9 possible
+        # sequences the overlap with training data is negligible: effectively held out.
+        held_out = copy_task_batch(eval_size or COPY_EVAL_SIZE, COPY_VOCAB, COPY_LENGTH,
+                                   generator=torch.Generator().manual_seed(derive_seed(seed, 0)))
+        return TaskData(COPY_VOCAB, COPY_VOCAB, global_batch, held_out.src, held_out.src, bos_id=1, eos_id=None)
+    if name == "dates":
+        task = DateTask()  # a fixed split: the held-out dates do not depend on --seed
+
+        def global_batch(step: int) -> Batch:
+            return task.train_batch(batch_size, generator=random.Random(derive_seed(seed, step)))
+
+        src, tgt = task.test_set()
+        if eval_size is not None:
+            src, tgt = src[:eval_size], tgt[:eval_size]
+        return TaskData(len(task.src_vocab), len(task.tgt_vocab), global_batch, src, tgt,
+                        bos_id=task.tgt_vocab.bos_id, eos_id=task.tgt_vocab.eos_id)
+    raise ValueError(f"--task must be one of {TASKS}, got {name!r}")
+
+
+def shard(batch: Batch, rank: int, world_size: int) -> Batch:
+    """Rows ``[rank·b, (rank+1)·b)`` of the global batch, ``b = B / world_size``."""
+    size = batch.src.shape[0]
+    if size % world_size:
+        raise ValueError(f"batch size {size} is not divisible by world_size={world_size}")
+    rows = slice(rank * size // world_size, (rank + 1) * size // world_size)
+    tgt_out = batch.tgt_out[rows]
+    return Batch(batch.src[rows], batch.tgt_in[rows], tgt_out, batch.src_mask[rows], batch.tgt_mask[rows],
+                 num_tokens=int((tgt_out != 0).sum()))
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run-defining arguments as plain Python values (stored in the checkpoint)."""
+    return {name: getattr(args, name) for name in RUN_DEFINING}
+
+
+def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    schedule: torch.optim.lr_scheduler.LRScheduler, step: int, elapsed: float,
+                    args: argparse.Namespace, config: ModelConfig, world_size: int) -> None:
+    """Write the checkpoint atomically (a temporary file, then a rename).
+
+    Only tensors, dicts, lists and numbers, so ``torch.load(path, weights_only=True)``
+    reads it. No RNG state is needed: data and dropout are reseeded from
+    ``(seed, step[, rank])`` at every step.
+    """
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "step": step,
+        "elapsed_s": elapsed,
+        "args": run_settings(args),
+        "model_config": dataclasses.asdict(config),
+        "world_size": world_size,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+
+
+def load_checkpoint(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Read a checkpoint (``weights_only=True``) and check it belongs to the run described by ``args``."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for name, saved in state["args"].items():
+        given = getattr(args, name)
+        if given != saved:
+            option = "--" + name.replace("_", "-")
+            raise ValueError(f"{option}={given} but the checkpoint {path} was trained with {option}={saved}; "
+                             "a resumed run must use the same settings")
+    if state["step"] >= args.steps:
+        raise ValueError(f"--steps={args.steps} but the checkpoint {path} is already at step {state['step']}")
+    return state
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+def rank_loss(loss_fn: LabelSmoothingLoss, logits: Tensor, part: Batch, global_tokens: int, world_size: int) -> Tensor:
+    """This rank's share of the loss, scaled so that DDP's gradient *average* is the 1-process gradient.
+
+    The 1-process loss is (sum of per-token losses over the global batch) / global_tokens.
+    Rank r holds the sum over its rows, ``mean_r · tokens_r``. DDP averages gradients,
+    i.e. divides their sum over ranks by world_size, so each rank multiplies its
+    contribution by world_size: ``mean_r · tokens_r / global_tokens · world_size``.
+    The average over ranks of these is then exactly the 1-process loss, even when
+    padding leaves the shards with different token counts.
+    """
+    return loss_fn(logits, part.tgt_out) * (part.num_tokens / global_tokens * world_size)
+
+
+def autocast(device: torch.device, enabled: bool) -> AbstractContextManager:
+    """bfloat16 autocast on the run's device, or nothing."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if enabled else nullcontext()
+
+
+def evaluate(model: Transformer, data: TaskData, device: torch.device, bf16: bool) -> float:
+    """Exact-match accuracy of greedy decoding on the held-out set (run by rank 0 on the bare model)."""
+    with autocast(device, bf16):
+        return exact_match(model, data.eval_src, data.eval_tgt, data.bos_id, data.eos_id)
+
+
+def emit(record: dict[str, Any]) -> None:
+    """One JSON line on stdout, written around the progress bar."""
+    tqdm.write(json.dumps(record), file=sys.stdout)
+    sys.stdout.flush()
+
+
+def train_run(args: argparse.Namespace, rt: Runtime) -> dict[str, Any]:
+    """The training loop; returns the last metrics record (every rank computes the loss)."""
+    data = make_task(args.task, args.batch_size, args.seed, args.eval_size)
+    config = ModelConfig.small(data.src_vocab_size, data.tgt_vocab_size, d_model=args.d_model, num_heads=args.heads,
+                               d_ff=args.d_ff, num_layers=args.layers, dropout=args.dropout)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    model = make_model(config).to(rt.device)
+    optimizer, schedule = noam_optimizer(model, args.d_model, args.warmup, args.lr_factor)
+    start_step, elapsed_before = 0, 0.0
+    if args.resume is not None:
+        state = load_checkpoint(args.resume, args)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        start_step, elapsed_before = state["step"], state["elapsed_s"]
+    wrapped: nn.Module = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None) \
+        if rt.distributed else model
+    loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, 0.1, config.pad_id)
+
+    record: dict[str, Any] = {}
+    loss_sum, loss_steps = torch.zeros((), device=rt.device), 0
+    started = time.perf_counter()
+    bar = tqdm(range(start_step + 1, args.steps + 1), initial=start_step, total=args.steps,
+               disable=not rt.is_main, desc=f"{args.task} ×{rt.world_size}", unit="step")
+    for step in bar:
+        full = data.global_batch(step)  # identical on every rank
+        part = shard(full, rt.rank, rt.world_size).to(rt.device)
+        torch.manual_seed(derive_seed(args.seed, step, rt.rank))  # this rank's dropout for this step
+        wrapped.train()
+        with autocast(rt.device, args.bf16):
+            logits = wrapped(part.src, part.tgt_in, part.src_mask, part.tgt_mask)
+        loss = rank_loss(loss_fn, logits, part, full.num_tokens, rt.world_size)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP all-reduces (averages) the gradients here
+        optimizer.step()
+        lr = optimizer.param_groups[0]["lr"]
+        schedule.step()
+        loss_sum += loss.detach() / rt.world_size  # summed over ranks below: the global-batch loss
+        loss_steps += 1
+
+        if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
+            if rt.distributed:
+                dist.all_reduce(loss_sum)
+            record = {"step": step, "loss": loss_sum.item() / loss_steps, "lr": lr}
+            loss_sum.zero_()
+            loss_steps = 0
+            if rt.is_main:
+                elapsed = elapsed_before + time.perf_counter() - started
+                record["exact_match"] = evaluate(model, data, rt.device, args.bf16)
+                record.update(elapsed_s=round(elapsed, 3), world_size=rt.world_size)
+                emit(record)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['exact_match']:.3f}")
+                save_checkpoint(args.out, model, optimizer, schedule, step, elapsed, args, config, rt.world_size)
+    bar.close()
+    if rt.distributed:
+        dist.barrier()  # nobody leaves before rank 0 has written the last checkpoint
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m transformer_book.train``; returns the exit status."""
+    try:
+        args = parse_args(argv, world_size_from_env())
+        rt = setup_runtime(args.bf16)
+    except ValueError as error:
+        build_parser().error(str(error))  # prints usage and the message, exits with status 2
+    try:
+        train_run(args, rt)
+    except ValueError as error:  # e.g. a checkpoint that belongs to another run
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        if rt.distributed:
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
