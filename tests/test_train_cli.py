@@ -21,12 +21,7 @@ import transformer_book
 from transformer_book.data import Batch, DateTask, copy_task_batch
 from transformer_book.training import LabelSmoothingLoss
 
-# ``transformer_book.train`` is both the package's training-loop function and this CLI module.
-# Importing the module rebinds the package attribute to the module, so fetch it from
-# ``sys.modules`` and put the function back for the other tests.
-_train_function = transformer_book.train
 cli = importlib.import_module("transformer_book.train")
-transformer_book.train = _train_function
 
 TINY = ["--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1", "--eval-size", "8"]
 METRIC_KEYS = {"step", "loss", "lr", "exact_match", "elapsed_s", "world_size"}

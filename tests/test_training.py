@@ -74,7 +74,7 @@ def copy_run(steps: int) -> tuple[tb.Transformer, tb.History]:
     model = tb.make_model(config)
     optimizer, schedule = tb.noam_optimizer(model, config.d_model, warmup=200, factor=0.5)
     generator = torch.Generator().manual_seed(1)
-    history = tb.train(model, lambda step: tb.copy_task_batch(64, generator=generator), steps, optimizer, schedule, progress=False)
+    history = tb.fit(model, lambda step: tb.copy_task_batch(64, generator=generator), steps, optimizer, schedule, progress=False)
     return model, history
 
 
@@ -102,7 +102,7 @@ def test_dates_task_reaches_99_percent_on_held_out_dates():
     optimizer, schedule = tb.noam_optimizer(model, config.d_model, warmup=200, factor=0.5)
     rng = random.Random(1)
     src, tgt = task.test_set()
-    history = tb.train(
+    history = tb.fit(
         model, lambda step: task.train_batch(64, rng), 1000, optimizer, schedule,
         evaluate=lambda m: tb.exact_match(m, src, tgt, bos_id=1, eos_id=2), eval_every=100, stop_at=0.99, progress=False,
     )

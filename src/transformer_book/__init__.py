@@ -23,7 +23,7 @@ from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
 from .model import ModelConfig, Transformer, count_parameters, make_model
 from .positional import PositionalEncoding, sinusoidal_positional_encoding
 from .runtime import describe_environment, get_device, glue, seed_everything
-from .training import History, LabelSmoothingLoss, exact_match, noam_optimizer, noam_rate, train
+from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer, noam_rate
 
 __version__ = "0.1.0"
 
@@ -35,9 +35,9 @@ __all__ = [
     "Vocabulary",
     "copy_task_batch",
     "exact_match",
+    "fit",
     "noam_optimizer",
     "noam_rate",
-    "train",
     "Decoder",
     "DecoderLayer",
     "Encoder",

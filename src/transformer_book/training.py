@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -78,7 +79,7 @@ class History:
     seconds: float = 0.0
 
 
-def train(
+def fit(
     model: Transformer,
     next_batch: Callable[[int], Batch],
     steps: int,
@@ -102,7 +103,10 @@ def train(
     loss_fn = loss_fn or LabelSmoothingLoss(model.config.tgt_vocab_size, 0.1, model.config.pad_id)
     history = History()
     start = time.perf_counter()
-    bar = tqdm(range(1, steps + 1), disable=not progress, desc="training", unit="step")
+    # In a notebook a live bar redraws in place, but the built book keeps every redraw as a
+    # line of its own: redraw rarely there, so the page shows a few lines, not hundreds.
+    in_notebook = "ipykernel" in sys.modules
+    bar = tqdm(range(1, steps + 1), disable=not progress, desc="training", unit="step", mininterval=5.0 if in_notebook else 0.1)
     for step in bar:
         batch = next_batch(step).to(device)
         model.train()
