@@ -117,6 +117,25 @@ class MultiHeadAttention(nn.Module):
         self.record_weights = False
         self.last_weights: Tensor | None = None
 
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``q_proj(query)``, ``k_proj(key)``, ``v_proj(value)``, each ``(B, len, d_model)``.
+
+        When inputs are the same tensor (self-attention: all three; cross-attention: key
+        and value) their projections run as one wider matrix product, which is faster,
+        as ``nn.MultiheadAttention``'s packed ``in_proj_weight`` is. Same numbers either way.
+        """
+        if query is key and key is value:
+            return self._packed(query, self.q_proj, self.k_proj, self.v_proj)
+        if key is value:
+            return (self.q_proj(query), *self._packed(key, self.k_proj, self.v_proj))
+        return self.q_proj(query), self.k_proj(key), self.v_proj(value)
+
+    @staticmethod
+    def _packed(x: Tensor, *projections: nn.Linear) -> tuple[Tensor, ...]:
+        weight = torch.cat([p.weight for p in projections])
+        bias = torch.cat([p.bias for p in projections]) if projections[0].bias is not None else None
+        return F.linear(x, weight, bias).chunk(len(projections), dim=-1)
+
     def split_heads(self, x: Tensor) -> Tensor:
         """``(B, len, d_model)`` → ``(B, heads, len, d_head)``."""
         batch, length, _ = x.shape
@@ -146,12 +165,11 @@ class MultiHeadAttention(nn.Module):
             if key.shape[0] != query.shape[0]:
                 raise ValueError(f"query and key must share the batch size, got query {shape_of(query)} and key {shape_of(key)}")
 
-        q = self.split_heads(self.q_proj(query))
         if reuse_static:
+            q = self.split_heads(self.q_proj(query))
             k, v = cache.key, cache.value
         else:
-            k = self.split_heads(self.k_proj(key))
-            v = self.split_heads(self.v_proj(value))
+            q, k, v = (self.split_heads(t) for t in self.project(query, key, value))
             if cache is not None:
                 if cache.key is not None:  # self-attention: append this step to the past
                     k = torch.cat([cache.key, k], dim=2)

@@ -27,8 +27,9 @@ def sinusoidal_positional_encoding(
     """The table of positional encodings, ``(max_len, d_model)``.
 
     ``interleaved=True`` is the paper's layout: sine in even columns, cosine in odd
-    ones. ``interleaved=False`` is tensor2tensor's: all sines in the first half,
-    all cosines in the second. Both hold the same numbers, in a different column order.
+    ones. ``interleaved=False`` is tensor2tensor's column layout (all sines in the first
+    half, all cosines in the second) with the paper's frequencies: the same numbers in a
+    different column order. (tensor2tensor also spaces its frequencies slightly differently.)
     """
     check_positive(max_len, "max_len")
     check_positive(d_model, "d_model")
