@@ -1,26 +1,106 @@
-"""Shared fixtures for the book tests.
+"""Shared fixtures for the book tests, and the two executions that cost the suite most.
 
-`built_book` builds the whole book once per test session, exactly as CI and the
-README do (`jupyter-book build --all -W -n --keep-going`), into a temporary folder,
-and returns the folder holding the HTML. Set BOOK_ROOT to build another copy of the
-book (default: the repository root).
+Every chapter is executed twice per test run, and both executions start in the
+background as soon as the tests are collected, so they overlap with the package tests:
+
+1. **The book build** (`built_book`): `jupyter-book build --all -W -n --keep-going`, exactly
+   as CI and the README run it, into a temporary folder. It executes every chapter once
+   with the book's seeds (through jupyter-cache); tests/test_notebooks.py reads that cache
+   instead of executing the chapters again, and tests/test_book.py checks the HTML.
+2. **The sections run** (`section_runs`): the package's wheel in a fresh venv (the Colab
+   path), and every section of every chapter executed alone, after the chapter's setup
+   cells, with other seeds (`TRANSFORMER_BOOK_SEED`) and ATen's AVX2 kernels
+   (`ATEN_CPU_CAPABILITY=avx2`, the float rounding of another CPU kind).
+
+Tests that need either are moved to the end of the run. Set BOOK_ROOT to build another
+copy of the book (default: the repository root).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
 
 from book_helpers import BOOK_ROOT, NOTEBOOK_TIMES, build_book
-
+from sections import SectionRuns, run_sections
+from wheel_env import ColabEnv, make_wheel_env
 
 # The package tests use small models, for which one thread is as fast as two; with two, a
-# busy shared machine (the kernels of the notebook tests run beside them) makes PyTorch's
-# threads wait on each other and a 10-second training test takes minutes.
+# busy shared machine (the executions above run beside them) makes PyTorch's threads wait
+# on each other and a 10-second training test takes minutes.
 torch.set_num_threads(1)
+
+_scratch = Path(tempfile.mkdtemp(prefix="transformer-book-tests-"))
+_pool = ThreadPoolExecutor(max_workers=len(("built_book", "wheel_env", "section_runs")), thread_name_prefix="background")
+_jobs: dict[str, Future] = {}
+_jobs_lock = threading.Lock()
+
+
+def _build() -> tuple[Path, float, str]:
+    out = _scratch / "book"
+    start = time.perf_counter()
+    proc = build_book(BOOK_ROOT, out)
+    seconds = time.perf_counter() - start
+    log = proc.stdout + "\n" + proc.stderr
+    assert proc.returncode == 0, (
+        f"jupyter-book build failed (exit {proc.returncode}) after {seconds:.0f}s for {BOOK_ROOT}:\n{log[-20000:]}"
+    )
+    return out, seconds, log
+
+
+def _wheel_env() -> ColabEnv:
+    root = _scratch / "wheel"
+    root.mkdir()
+    return make_wheel_env(root)
+
+
+def _sections() -> SectionRuns:
+    env = _job("wheel_env", _wheel_env)
+    return run_sections(env.result(), _scratch / "sections")
+
+
+JOBS: dict[str, Callable] = {"built_book": _build, "wheel_env": _wheel_env, "section_runs": _sections}
+
+
+def _job(name: str, function: Callable | None = None) -> Future:
+    """The background job `name`, started now if it has not been."""
+    with _jobs_lock:
+        if name not in _jobs:
+            _jobs[name] = _pool.submit(function or JOBS[name])
+        return _jobs[name]
+
+
+def _needs(item: pytest.Item) -> set[str]:
+    return set(getattr(item, "fixturenames", ())) & set(JOBS)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that wait for a background execution run last, so the others overlap with it.
+    items.sort(key=lambda item: bool(_needs(item)))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    needed = set().union(*(_needs(item) for item in session.items)) if session.items else set()
+    if "built_book" in needed:
+        _job("built_book")
+    if needed & {"section_runs", "wheel_env"}:
+        _job("section_runs" if "section_runs" in needed else "wheel_env")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _pool.shutdown(wait=True, cancel_futures=True)
+    # The venv holds about 1 GB (torch); pytest would not clean a folder it did not make.
+    if not os.environ.get("KEEP_TEST_SCRATCH"):
+        shutil.rmtree(_scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -29,25 +109,37 @@ def book_root() -> Path:
 
 
 @pytest.fixture(scope="session")
-def built_book(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build the book once; fail with the build log if the build fails. Returns the html dir."""
-    out = tmp_path_factory.mktemp("book")
-    start = time.perf_counter()
-    proc = build_book(BOOK_ROOT, out)
-    seconds = time.perf_counter() - start
-    log = proc.stdout + "\n" + proc.stderr
-    assert proc.returncode == 0, (
-        f"jupyter-book build failed (exit {proc.returncode}) after {seconds:.0f}s "
-        f"for {BOOK_ROOT}:\n{log[-20000:]}"
-    )
-    html = out / "_build" / "html"
-    assert (html / "index.html").exists(), f"no index.html in {html}:\n{log[-5000:]}"
-    print(f"\nbook built in {seconds:.1f}s -> {html}")
+def built_book_output() -> Path:
+    """The folder the book was built into (its `_build/` holds `html/` and the jupyter-cache)."""
+    out, seconds, _ = _job("built_book").result()
+    NOTEBOOK_TIMES["book build (every chapter executed once)"] = seconds
+    return out
+
+
+@pytest.fixture(scope="session")
+def built_book(built_book_output: Path) -> Path:
+    """The built HTML folder."""
+    html = built_book_output / "_build" / "html"
+    assert (html / "index.html").exists(), f"no index.html in {html}"
     return html
+
+
+@pytest.fixture(scope="session")
+def wheel_env() -> ColabEnv:
+    env = _job("wheel_env").result()
+    NOTEBOOK_TIMES["colab path: wheel + venv setup"] = env.setup_seconds
+    return env
+
+
+@pytest.fixture(scope="session")
+def section_runs() -> SectionRuns:
+    runs = _job("section_runs").result()
+    NOTEBOOK_TIMES["sections alone (other seeds, AVX2), wall time"] = runs.seconds
+    return runs
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if NOTEBOOK_TIMES:
-        terminalreporter.section("notebook execution times")
+        terminalreporter.section("execution times")
         for name, seconds in sorted(NOTEBOOK_TIMES.items()):
             terminalreporter.write_line(f"{seconds:7.1f}s  {name}")

@@ -8,12 +8,13 @@ Each module mirrors a chapter of The Executable Transformer:
 - ``masking``     — chapter 5, padding and causal masks (True = may attend)
 - ``layers``, ``encoder`` — chapter 6; ``decoder``, ``model`` — chapter 7
 - ``data``, ``training`` — chapter 8, the copy and dates tasks, label smoothing, the schedule, the loop
+- ``recipes``     — chapter 8, one training recipe per task, and ``trained_model`` (shipped checkpoints)
 - ``inference``   — chapter 9, greedy decoding with a KV cache, beam search
-- ``runtime``     — device, seeding, versions
+- ``runtime``     — device, seeding (``TRANSFORMER_BOOK_SEED``), versions
 """
 
 from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
-from .data import Batch, DateTask, Vocabulary, copy_task_batch
+from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
@@ -22,13 +23,23 @@ from .layers import FeedForward, sublayer_connection
 from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
 from .model import ModelConfig, Transformer, count_parameters, make_model
 from .positional import PositionalEncoding, sinusoidal_positional_encoding
-from .runtime import describe_environment, get_device, glue, seed_everything
-from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer, noam_rate
+from .recipes import RECIPES, Recipe, TrainedModel, recipe, train_recipe, trained_model
+from .runtime import book_seed, describe_environment, get_device, glue, seed_everything
+from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer, noam_rate, train_step
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Batch",
+    "CopyTask",
+    "RECIPES",
+    "Recipe",
+    "TrainedModel",
+    "book_seed",
+    "recipe",
+    "train_recipe",
+    "train_step",
+    "trained_model",
     "DateTask",
     "History",
     "LabelSmoothingLoss",

@@ -114,6 +114,32 @@ def copy_task_batch(batch_size: int, vocab_size: int = 11, length: int = 10, gen
     return Batch.from_pairs(data.clone(), data, pad_id=0)
 
 
+class CopyTask:
+    """The copy task with a fixed held-out set, shaped like :class:`DateTask`.
+
+    ``held_out`` sequences are drawn once from ``seed``; training batches come from
+    ``train_batch(batch_size, rng)``. With 10 ids of 10 symbols there are 10⁹ possible
+    sequences, so a test sequence turns up in training about once in a million batches.
+    """
+
+    bos_id, eos_id, pad_id = 1, None, 0
+
+    def __init__(self, vocab_size: int = 11, length: int = 10, held_out: int = 1000, seed: int = 0) -> None:
+        check_positive(held_out, "held_out")
+        self.vocab_size, self.length = vocab_size, length
+        self.src_vocab_size = self.tgt_vocab_size = vocab_size
+        self.test_batch = copy_task_batch(held_out, vocab_size, length, torch.Generator().manual_seed(seed))
+
+    def train_batch(self, batch_size: int, rng: random.Random | None = None) -> Batch:
+        """A batch of fresh random sequences; ``rng`` (a ``random.Random``) makes it repeatable."""
+        seed = (rng or random).getrandbits(63)
+        return copy_task_batch(batch_size, self.vocab_size, self.length, torch.Generator().manual_seed(seed))
+
+    def test_set(self) -> tuple[Tensor, Tensor]:
+        """The held-out sequences as ``(src, tgt)``, both ``(held_out, length)``: the target is the source."""
+        return self.test_batch.src, self.test_batch.src
+
+
 # --- dates ---------------------------------------------------------------------------------
 
 FRENCH_MONTHS = [
@@ -164,6 +190,8 @@ class DateTask:
         self.tgt_vocab = Vocabulary("0123456789-")
         self.src_len = max(len(words) for words in self.sources.values())
         self.tgt_len = 10 + 2  # BOS, YYYY-MM-DD, EOS
+        self.src_vocab_size, self.tgt_vocab_size = len(self.src_vocab), len(self.tgt_vocab)
+        self.bos_id, self.eos_id, self.pad_id = self.tgt_vocab.bos_id, self.tgt_vocab.eos_id, self.tgt_vocab.pad_id
 
     def encode(self, dates: Sequence[dt.date]) -> tuple[Tensor, Tensor]:
         """Source ids ``(n, src_len)`` padded, and target ids ``(n, 12)``: BOS, 10 characters, EOS."""
@@ -175,10 +203,10 @@ class DateTask:
             tgt[row] = torch.tensor([self.tgt_vocab.bos_id, *self.tgt_vocab.encode(list(date.isoformat())), self.tgt_vocab.eos_id])
         return src, tgt
 
-    def train_batch(self, batch_size: int, generator: random.Random | None = None) -> Batch:
-        """A batch of training dates (never a held-out one)."""
+    def train_batch(self, batch_size: int, rng: random.Random | None = None) -> Batch:
+        """A batch of training dates (never a held-out one), drawn with ``rng`` (a ``random.Random``)."""
         check_positive(batch_size, "batch_size")
-        chooser = generator or random
+        chooser = rng or random
         return Batch.from_pairs(*self.encode(chooser.choices(self.train_dates, k=batch_size)), pad_id=self.src_vocab.pad_id)
 
     def test_set(self) -> tuple[Tensor, Tensor]:

@@ -211,7 +211,7 @@ def make_task(name: str, batch_size: int, seed: int, eval_size: int | None) -> T
         task = DateTask()  # a fixed split: the held-out dates do not depend on --seed
 
         def global_batch(step: int) -> Batch:
-            return task.train_batch(batch_size, generator=random.Random(derive_seed(seed, step)))
+            return task.train_batch(batch_size, random.Random(derive_seed(seed, step)))
 
         src, tgt = task.test_set()
         if eval_size is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -79,6 +80,44 @@ class History:
     seconds: float = 0.0
 
 
+def autocast(device: torch.device, bf16: bool) -> AbstractContextManager:
+    """bfloat16 autocast on ``device`` when ``bf16``, else nothing."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def train_step(
+    model: nn.Module,
+    batch: Batch,
+    loss_fn: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
+    *,
+    clip_norm: float | None = None,
+    loss_scale: float = 1.0,
+    bf16: bool = False,
+) -> tuple[Tensor, float]:
+    """One step of teacher-forced training; returns ``(loss, lr)``, the loss detached.
+
+    Forward on ``batch`` (already on the model's device), the loss times ``loss_scale``
+    (the torchrun trainer uses it to weight each process's share), backward, the
+    gradient norm clipped to ``clip_norm`` if given, Adam's update, the schedule's step.
+    ``lr`` is the rate this update used. ``model`` may be wrapped (e.g. in DDP).
+    """
+    model.train()
+    with autocast(batch.src.device, bf16):
+        logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+    loss = loss_fn(logits, batch.tgt_out) * loss_scale
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    lr = optimizer.param_groups[0]["lr"]
+    if schedule is not None:
+        schedule.step()
+    return loss.detach(), lr
+
+
 def fit(
     model: Transformer,
     next_batch: Callable[[int], Batch],
@@ -90,13 +129,16 @@ def fit(
     eval_every: int = 0,
     stop_at: float | None = None,
     progress: bool = True,
+    clip_norm: float | None = None,
+    bf16: bool = False,
 ) -> History:
-    """Train for ``steps`` steps and return the :class:`History`.
+    """Train for ``steps`` steps of :func:`train_step` and return the :class:`History`.
 
     ``next_batch(step)`` gives each step's :class:`~transformer_book.data.Batch` (moved to the model's
     device here). ``evaluate(model)`` returns a metric such as exact-match
     accuracy; it runs every ``eval_every`` steps, and training stops early once it
-    reaches ``stop_at``. A tqdm bar shows the loss and the learning rate.
+    reaches ``stop_at``. ``clip_norm`` caps the gradient norm; ``bf16`` trains under
+    bfloat16 autocast. A tqdm bar shows the loss and the learning rate.
     """
     check_positive(steps, "steps")
     device = next(model.parameters()).device
@@ -109,15 +151,7 @@ def fit(
     bar = tqdm(range(1, steps + 1), disable=not progress, desc="training", unit="step", mininterval=5.0 if in_notebook else 0.1)
     for step in bar:
         batch = next_batch(step).to(device)
-        model.train()
-        logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
-        loss = loss_fn(logits, batch.tgt_out)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        lr = optimizer.param_groups[0]["lr"]
-        if schedule is not None:
-            schedule.step()
+        loss, lr = train_step(model, batch, loss_fn, optimizer, schedule, clip_norm=clip_norm, bf16=bf16)
         history.step.append(step)
         history.loss.append(loss.item())
         history.lr.append(lr)

@@ -1,0 +1,201 @@
+"""Chapter 8 (end): how each task is trained, written down once.
+
+A :class:`Recipe` holds every choice that decides whether training works: model
+size, dropout, batch, the schedule's warm-up and scale, gradient clipping, how often
+to evaluate, the step cap and the target. The chapters, the tests, the benchmarks,
+the command-line trainer and :func:`trained_model` all read the same two recipes
+(``RECIPES["copy"]``, ``RECIPES["dates"]``), so a change here changes them all.
+
+``benchmarks/bench_recipes.py`` runs each recipe with ten seeds to the step cap and
+checks that every seed reaches its target and stays there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import random
+from dataclasses import dataclass
+from importlib import resources
+from typing import Union
+
+import torch
+from torch import nn
+
+from .data import Batch, CopyTask, DateTask
+from .model import ModelConfig, Transformer, make_model
+from .runtime import get_device, seed_everything
+from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer
+
+Task = Union[CopyTask, DateTask]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides how one task is trained (see the module docstring)."""
+
+    task: str  # "copy" or "dates"
+    dropout: float
+    batch_size: int
+    warmup: int  # steps of linear warm-up of the paper's schedule
+    lr_factor: float  # the schedule's scale c: peak rate c · d_model^-0.5 · warmup^-0.5
+    clip_norm: float | None  # the largest gradient norm an update may use
+    max_steps: int  # the cap: a run that has not reached the target by then has failed
+    eval_every: int  # steps between evaluations on the held-out set
+    target: float  # exact match on the held-out set that counts as learned
+    smoothing: float = 0.1
+    d_model: int = 64
+    num_heads: int = 4
+    d_ff: int = 256
+    num_layers: int = 2
+
+    def make_task(self, seed: int = 0) -> Task:
+        """The task with its held-out set drawn from ``seed``."""
+        return CopyTask(seed=seed) if self.task == "copy" else DateTask(seed=seed)
+
+    def model_config(self, task: Task) -> ModelConfig:
+        """``ModelConfig.small`` with this recipe's sizes, for ``task``'s vocabularies."""
+        return ModelConfig.small(
+            task.src_vocab_size, task.tgt_vocab_size, d_model=self.d_model, num_heads=self.num_heads,
+            d_ff=self.d_ff, num_layers=self.num_layers, dropout=self.dropout,
+        )  # fmt: skip
+
+    def optimizer(self, model: nn.Module) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
+        """Adam with the paper's warm-up schedule, scaled as this recipe says."""
+        return noam_optimizer(model, self.d_model, warmup=self.warmup, factor=self.lr_factor)
+
+    def loss_fn(self, config: ModelConfig) -> LabelSmoothingLoss:
+        return LabelSmoothingLoss(config.tgt_vocab_size, self.smoothing, config.pad_id)
+
+
+RECIPES: dict[str, Recipe] = {
+    "copy": Recipe(
+        task="copy", dropout=0.0, batch_size=64, warmup=200, lr_factor=0.25, clip_norm=1.0,
+        max_steps=1000, eval_every=50, target=1.0,
+    ),
+    "dates": Recipe(
+        task="dates", dropout=0.1, batch_size=64, warmup=200, lr_factor=0.5, clip_norm=1.0,
+        max_steps=1500, eval_every=50, target=0.999,
+    ),
+}  # fmt: skip
+
+
+def recipe(name: str) -> Recipe:
+    """``RECIPES[name]``, with a clear error for an unknown name."""
+    if name not in RECIPES:
+        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
+    return RECIPES[name]
+
+
+def held_out_accuracy(model: Transformer, task: Task) -> float:
+    """Exact match of greedy decoding on ``task``'s held-out set."""
+    src, tgt = task.test_set()
+    return exact_match(model, src, tgt, bos_id=task.bos_id, eos_id=task.eos_id)
+
+
+@dataclass
+class TrainedModel:
+    """A model trained by a recipe, with the task (and so the held-out set) it was trained on."""
+
+    model: Transformer
+    task: Task
+    recipe: Recipe
+    seed: int
+    steps: int  # training steps taken
+    accuracy: float  # exact match on task's held-out set
+    history: History | None = None  # None for a model loaded from a checkpoint
+
+
+def train_recipe(
+    name: str,
+    seed: int = 0,
+    *,
+    until_target: bool = True,
+    device: torch.device | None = None,
+    progress: bool = False,
+) -> TrainedModel:
+    """Train a fresh model with ``RECIPES[name]`` and seed ``seed``.
+
+    With ``until_target`` training stops at the first evaluation that reaches the
+    recipe's target; without it, it runs to the cap (the benchmark does, to see that
+    the model stays there). The data, the held-out set and the initial weights all
+    derive from ``seed``.
+    """
+    r = recipe(name)
+    device = device or get_device()
+    seed_everything(seed)  # initial weights and dropout
+    task = r.make_task(seed)
+    config = r.model_config(task)
+    model = make_model(config).to(device)
+    optimizer, schedule = r.optimizer(model)
+    rng = random.Random(seed + 1)  # the training batches
+
+    def next_batch(step: int) -> Batch:
+        return task.train_batch(r.batch_size, rng)
+
+    history = fit(
+        model, next_batch, r.max_steps, optimizer, schedule, loss_fn=r.loss_fn(config),
+        evaluate=lambda m: held_out_accuracy(m, task), eval_every=r.eval_every,
+        stop_at=r.target if until_target else None, progress=progress, clip_norm=r.clip_norm,
+    )  # fmt: skip
+    model.eval()
+    return TrainedModel(model, task, r, seed, history.step[-1], history.eval_metric[-1], history)
+
+
+# --- the shipped checkpoints -------------------------------------------------------------------
+
+CHECKPOINT_PACKAGE = "transformer_book.checkpoints"
+
+
+def checkpoint_state(trained: TrainedModel) -> dict:
+    """What a checkpoint holds: weights, the model's config, the recipe that made it, its result.
+
+    Only tensors, strings and numbers, so ``torch.load(..., weights_only=True)`` reads it.
+    """
+    return {
+        "model": trained.model.state_dict(),
+        "model_config": dataclasses.asdict(trained.model.config),
+        "recipe": dataclasses.asdict(trained.recipe),
+        "seed": trained.seed,
+        "steps": trained.steps,
+        "accuracy": trained.accuracy,
+        "torch": torch.__version__,
+    }
+
+
+def checkpoint_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def trained_model(name: str = "dates", *, retrain: bool = False, device: torch.device | None = None) -> TrainedModel:
+    """A model trained by ``RECIPES[name]``, in evaluation mode, and its task.
+
+    By default the checkpoint shipped inside the package is loaded (a second, no
+    training): its SHA-256 must match ``checkpoints/SHA256SUMS`` and the recipe stored in it
+    must equal today's recipe, so a checkpoint can never silently drift from the code.
+    ``retrain=True`` trains a new one with seed 0 instead (seconds to a minute on a CPU),
+    as ``scripts/make_checkpoints.py`` does to produce the shipped file.
+    """
+    r = recipe(name)
+    device = device or get_device()
+    if retrain:
+        return train_recipe(name, seed=0, device=device)
+    folder = resources.files(CHECKPOINT_PACKAGE)
+    file = folder / f"{name}.pt"
+    if not file.is_file():
+        raise ValueError(f"name={name!r}: no checkpoint is shipped for this recipe; use retrain=True")
+    data = file.read_bytes()
+    sums = dict(line.split()[::-1] for line in (folder / "SHA256SUMS").read_text().splitlines() if line.strip())
+    if sums.get(file.name) != checkpoint_digest(data):
+        raise ValueError(f"checkpoint {file.name}: its SHA-256 does not match checkpoints/SHA256SUMS (corrupt or replaced)")
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if state["recipe"] != dataclasses.asdict(r):
+        raise ValueError(
+            f"checkpoint {file.name} was made by another recipe than RECIPES[{name!r}]; "
+            "run `python scripts/make_checkpoints.py` to make it again"
+        )
+    model = make_model(ModelConfig(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    return TrainedModel(model, r.make_task(state["seed"]), r, state["seed"], state["steps"], state["accuracy"])
