@@ -1,19 +1,18 @@
 """Chapter notebooks: listed in the toc, stored stripped, install from the book's URL, and run.
 
-Each chapter is executed in a fresh kernel (nbclient), from its own folder, with the
-caller's environment (so TRANSFORMER_BOOK_DEVICE=cuda reaches the kernel on a GPU job).
+The book build executes each chapter once, in a fresh kernel from its own folder, with the
+caller's environment (so TRANSFORMER_BOOK_DEVICE=cuda reaches the kernel on a GPU job);
+the tests here read that execution from the build's jupyter-cache.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from book_helpers import (
     BOOK_ROOT,
@@ -24,7 +23,6 @@ from book_helpers import (
     toc_notebooks,
 )
 
-CELL_TIMEOUT_S = 300
 TOC_NOTEBOOKS = toc_notebooks()
 
 # `%pip install ... "transformer-book @ git+<url>"`: the URL after git+.
@@ -82,24 +80,30 @@ def test_setup_cell_installs_from_the_book_repository(notebook):
     )
 
 
+@pytest.fixture(scope="module")
+def executions(built_book_output: Path) -> dict[str, tuple[object, object]]:
+    """The book build's jupyter-cache: notebook path -> (project record, cache record or None)."""
+    from jupyter_cache import get_cache
+
+    cache = get_cache(built_book_output / "_build" / ".jupyter_cache")
+    return {
+        Path(record.uri).resolve().relative_to(BOOK_ROOT).as_posix(): (record, cache.get_cached_project_nb(record.uri))
+        for record in cache.list_project_records()
+    }
+
+
 @pytest.mark.parametrize("notebook", TOC_NOTEBOOKS)
-def test_notebook_executes(notebook, record_property):
-    path = BOOK_ROOT / notebook
-    assert path.exists(), f"{notebook} is listed in _toc.yml but does not exist"
-    nb = nbformat.read(path, as_version=4)
-    kernel = nb.metadata.get("kernelspec", {}).get("name", "python3")
-    client = NotebookClient(
-        nb,
-        timeout=CELL_TIMEOUT_S,
-        kernel_name=kernel,
-        allow_errors=False,
-        resources={"metadata": {"path": str(path.parent)}},
-    )
-    # The kernel inherits this process's environment; say so explicitly for the device switch.
-    env = os.environ.copy()
-    start = time.perf_counter()
-    client.execute(env=env)
-    seconds = time.perf_counter() - start
+def test_notebook_executes(notebook, executions, record_property):
+    """Each chapter executed without error in the book build (its outputs are in the cache).
+
+    The build executes every chapter once, with the book's seeds, through jupyter-cache;
+    a chapter that raised has no cached outputs, only a traceback. The second execution,
+    section by section with other seeds, is tests/test_sections.py.
+    """
+    assert notebook in executions, f"{notebook} was not executed by the book build: {sorted(executions)}"
+    project, cached = executions[notebook]
+    assert cached is not None, f"{notebook} failed in the book build:\n{project.traceback}"
+    seconds = cached.data.get("execution_seconds")
     NOTEBOOK_TIMES[notebook] = seconds
     record_property("wall_time_s", round(seconds, 2))
-    print(f"{notebook}: {seconds:.1f}s (TRANSFORMER_BOOK_DEVICE={env.get('TRANSFORMER_BOOK_DEVICE', '')!r})")
+    print(f"{notebook}: {seconds:.1f}s (TRANSFORMER_BOOK_DEVICE={os.environ.get('TRANSFORMER_BOOK_DEVICE', '')!r})")

@@ -21,7 +21,7 @@ import transformer_book
 from transformer_book.data import Batch, DateTask, copy_task_batch
 from transformer_book.training import LabelSmoothingLoss
 
-cli = importlib.import_module("transformer_book.train")
+cli = importlib.import_module("transformer_book.cli")
 
 TINY = ["--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1", "--eval-size", "8"]
 METRIC_KEYS = {"step", "loss", "lr", "exact_match", "elapsed_s", "world_size"}
@@ -42,7 +42,7 @@ def cpu_one_thread_and_restored_rng(monkeypatch: pytest.MonkeyPatch):
 
 
 def run_here(argv: list[str], capsys: pytest.CaptureFixture) -> list[dict]:
-    """``python -m transformer_book.train ARGV`` in this process; the JSON lines it printed."""
+    """``python -m transformer_book.cli ARGV`` in this process; the JSON lines it printed."""
     assert cli.main(argv) == 0
     return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
 
@@ -58,7 +58,7 @@ def test_two_processes_under_torchrun_match_one_process(tmp_path: Path, capsys: 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "transformer_book.train", *common, "--out", str(tmp_path / "two.pt")],
+         "-m", "transformer_book.cli", *common, "--out", str(tmp_path / "two.pt")],
         capture_output=True, text=True, env=env, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -107,6 +107,9 @@ def test_checkpoint_is_plain_data_that_loads_with_weights_only(tmp_path: Path, c
     assert set(state) == {"model", "optimizer", "schedule", "step", "elapsed_s", "args", "model_config", "world_size"}
     assert state["step"] == 2 and state["world_size"] == 1
     assert state["args"]["d_model"] == state["model_config"]["d_model"] == 32
+    copy = transformer_book.recipe("copy")  # options not given come from the task's recipe
+    assert (state["args"]["warmup"], state["args"]["lr_factor"], state["args"]["clip_norm"]) == (
+        copy.warmup, copy.lr_factor, copy.clip_norm)
     assert state["schedule"]["last_epoch"] == 2
     assert all(isinstance(t, torch.Tensor) for t in state["model"].values())
     assert not (tmp_path / "c.pt.partial").exists()
@@ -114,12 +117,12 @@ def test_checkpoint_is_plain_data_that_loads_with_weights_only(tmp_path: Path, c
 
 def test_shards_make_up_the_global_batch() -> None:
     full = copy_task_batch(12, generator=torch.Generator().manual_seed(3))
-    parts = [cli.shard(full, rank, 3) for rank in range(3)]
+    parts = [cli.shard(full, rank, 3, pad_id=0) for rank in range(3)]
     for field in ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask"):
         torch.testing.assert_close(torch.cat([getattr(p, field) for p in parts]), getattr(full, field))
     assert sum(p.num_tokens for p in parts) == full.num_tokens
     with pytest.raises(ValueError, match="world_size=5"):
-        cli.shard(full, 0, 5)
+        cli.shard(full, 0, 5, pad_id=0)
 
 
 def test_rank_losses_average_to_the_global_loss_with_uneven_padding() -> None:
@@ -129,16 +132,17 @@ def test_rank_losses_average_to_the_global_loss_with_uneven_padding() -> None:
     full = Batch.from_pairs(src, tgt)
     logits = torch.randn(4, 4, 8, generator=torch.Generator().manual_seed(0))
     loss_fn = LabelSmoothingLoss(8, 0.1)
-    per_rank = [cli.rank_loss(loss_fn, logits[r * 2:(r + 1) * 2], cli.shard(full, r, 2), full.num_tokens, 2)
+    shards = [cli.shard(full, r, 2, pad_id=0) for r in range(2)]
+    per_rank = [loss_fn(logits[r * 2:(r + 1) * 2], shards[r].tgt_out) * cli.rank_loss_scale(shards[r], full.num_tokens, 2)
                 for r in range(2)]
-    assert cli.shard(full, 0, 2).num_tokens != cli.shard(full, 1, 2).num_tokens
+    assert shards[0].num_tokens != shards[1].num_tokens
     torch.testing.assert_close(sum(per_rank) / 2, loss_fn(logits, full.tgt_out))
 
 
 def test_dates_task_and_bf16_autocast_run_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # two years of dates instead of a hundred keeps the vocabulary build quick
-    monkeypatch.setattr(cli, "DateTask", lambda: DateTask(2000, 2001, held_out=50))
+    monkeypatch.setattr(transformer_book.recipes, "DateTask", lambda seed=0: DateTask(2000, 2001, held_out=50, seed=seed))
     records = run_here(["--task", "dates", "--steps", "3", "--batch-size", "4", "--bf16", *TINY,
                         "--out", str(tmp_path / "d.pt")], capsys)
     assert [r["step"] for r in records] == [3]
@@ -151,6 +155,7 @@ def test_dates_task_and_bf16_autocast_run_on_the_cpu(tmp_path: Path, capsys: pyt
         (["--batch-size", "15"], 2, "--batch-size=15 must be divisible"),
         (["--steps", "0"], 1, "--steps must be a positive"),
         (["--d-model", "30", "--heads", "4"], 1, "--d-model=30 is not divisible by --heads=4"),
+        (["--d-model", "0"], 1, "--d-model must be a positive"),
         (["--dropout", "1.0"], 1, "--dropout must be in"),
         (["--lr-factor", "-1"], 1, "--lr-factor"),
         (["--eval-every", "-5"], 1, "--eval-every"),
@@ -180,3 +185,24 @@ def test_command_line_reports_errors_and_refuses_a_foreign_checkpoint(tmp_path: 
     assert "--d-model=64 but the checkpoint" in capsys.readouterr().err
     assert cli.main([*base, "--steps", "2", *resume]) == 2
     assert "already at step 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "foreign", "not a dict"])
+def test_resume_refuses_a_file_that_is_not_this_trainers_checkpoint(damage: str, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    base = ["--task", "copy", "--batch-size", "4", *TINY, "--out", str(tmp_path / "c.pt")]
+    run_here([*base, "--steps", "2"], capsys)
+    bad = tmp_path / "bad.pt"
+    if damage == "truncated":
+        bad.write_bytes((tmp_path / "c.pt").read_bytes()[:5000])
+    elif damage == "garbage":
+        bad.write_bytes(b"this is not a checkpoint\n" * 100)
+    elif damage == "foreign":
+        torch.save({"weights": torch.zeros(3), "epoch": 7}, bad)  # another program's checkpoint
+    else:
+        torch.save([1, 2, 3], bad)
+    assert cli.main([*base, "--steps", "4", "--resume", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--resume={bad}" in err, err  # one line, naming the file
+    assert "Traceback" not in err and "weights_only=False" not in err, err
+    assert ("can read" in err) if damage in ("truncated", "garbage") else ("not a checkpoint written by" in err)

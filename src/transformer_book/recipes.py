@@ -18,10 +18,16 @@ import io
 import random
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Union
 
 import torch
 from torch import nn
+
+try:
+    from importlib.resources.abc import Traversable
+except ImportError:  # Python 3.10
+    from importlib.abc import Traversable
 
 from .data import Batch, CopyTask, DateTask
 from .model import ModelConfig, Transformer, make_model
@@ -71,12 +77,12 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "copy": Recipe(
-        task="copy", dropout=0.0, batch_size=64, warmup=200, lr_factor=0.25, clip_norm=1.0,
+        task="copy", dropout=0.0, batch_size=256, warmup=200, lr_factor=0.5, clip_norm=1.0,
         max_steps=1000, eval_every=50, target=1.0,
     ),
     "dates": Recipe(
-        task="dates", dropout=0.1, batch_size=64, warmup=200, lr_factor=0.5, clip_norm=1.0,
-        max_steps=1500, eval_every=50, target=0.999,
+        task="dates", dropout=0.1, batch_size=128, warmup=200, lr_factor=0.5, clip_norm=1.0,
+        max_steps=800, eval_every=50, target=0.999,
     ),
 }  # fmt: skip
 
@@ -168,34 +174,42 @@ def checkpoint_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_checkpoint(folder: Path | Traversable, name: str) -> dict:
+    """Load ``folder/<name>.pt`` (``weights_only=True``) after checking it against ``folder/SHA256SUMS``
+    and the recipe it was made with against ``RECIPES[name]``."""
+    r = recipe(name)
+    file = folder / f"{name}.pt"
+    if not file.is_file():
+        raise ValueError(f"name={name!r}: no checkpoint {file} is shipped for this recipe; use retrain=True")
+    data = file.read_bytes()
+    sums = (folder / "SHA256SUMS").read_text().split()
+    expected = dict(zip(sums[1::2], sums[0::2]))  # file name -> digest, as sha256sum writes them
+    if expected.get(file.name) != checkpoint_digest(data):
+        raise ValueError(f"checkpoint {file}: its SHA-256 does not match SHA256SUMS (corrupt or replaced)")
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if state.get("recipe") != dataclasses.asdict(r):
+        raise ValueError(
+            f"checkpoint {file} was made by another recipe than RECIPES[{name!r}]; "
+            "run `python scripts/make_checkpoints.py` to make it again"
+        )
+    return state
+
+
 def trained_model(name: str = "dates", *, retrain: bool = False, device: torch.device | None = None) -> TrainedModel:
     """A model trained by ``RECIPES[name]``, in evaluation mode, and its task.
 
     By default the checkpoint shipped inside the package is loaded (a second, no
     training): its SHA-256 must match ``checkpoints/SHA256SUMS`` and the recipe stored in it
     must equal today's recipe, so a checkpoint can never silently drift from the code.
-    ``retrain=True`` trains a new one with seed 0 instead (seconds to a minute on a CPU),
+    ``retrain=True`` trains a new one with seed 0 instead (under a minute on a CPU),
     as ``scripts/make_checkpoints.py`` does to produce the shipped file.
     """
-    r = recipe(name)
     device = device or get_device()
     if retrain:
         return train_recipe(name, seed=0, device=device)
-    folder = resources.files(CHECKPOINT_PACKAGE)
-    file = folder / f"{name}.pt"
-    if not file.is_file():
-        raise ValueError(f"name={name!r}: no checkpoint is shipped for this recipe; use retrain=True")
-    data = file.read_bytes()
-    sums = dict(line.split()[::-1] for line in (folder / "SHA256SUMS").read_text().splitlines() if line.strip())
-    if sums.get(file.name) != checkpoint_digest(data):
-        raise ValueError(f"checkpoint {file.name}: its SHA-256 does not match checkpoints/SHA256SUMS (corrupt or replaced)")
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    if state["recipe"] != dataclasses.asdict(r):
-        raise ValueError(
-            f"checkpoint {file.name} was made by another recipe than RECIPES[{name!r}]; "
-            "run `python scripts/make_checkpoints.py` to make it again"
-        )
+    state = read_checkpoint(resources.files(CHECKPOINT_PACKAGE), name)
     model = make_model(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
     model.to(device).eval()
+    r = recipe(name)
     return TrainedModel(model, r.make_task(state["seed"]), r, state["seed"], state["steps"], state["accuracy"])

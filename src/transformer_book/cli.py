@@ -2,12 +2,16 @@
 
 One process::
 
-    python -m transformer_book.train --task copy --steps 2000 --batch-size 64 --out copy.pt
+    transformer-book-train --task copy --out copy.pt      # or: python -m transformer_book.cli ...
 
 Several processes (one per GPU, or several CPU processes talking over gloo)::
 
-    torchrun --standalone --nproc_per_node=4 -m transformer_book.train --task dates --steps 4000 \\
-        --batch-size 256 --out dates.pt
+    torchrun --standalone --nproc_per_node=4 -m transformer_book.cli --task dates --out dates.pt
+
+Every option left out takes its value from the task's recipe
+(:data:`transformer_book.recipes.RECIPES`), the one the book's chapters train with;
+the training step itself is :func:`transformer_book.training.train_step`, the one
+``fit`` runs.
 
 The script is the same in both cases. Under ``torchrun`` the environment holds
 ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; the script then joins the process group
@@ -36,9 +40,9 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -50,17 +54,25 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
-from .data import Batch, DateTask, copy_task_batch
+from .data import Batch, CopyTask, DateTask
 from .model import ModelConfig, Transformer, make_model
+from .recipes import RECIPES, Recipe
 from .runtime import get_device
-from .training import LabelSmoothingLoss, exact_match, noam_optimizer
+from .training import LabelSmoothingLoss, autocast, exact_match, noam_optimizer, train_step
 
-TASKS = ("copy", "dates")
-COPY_VOCAB, COPY_LENGTH, COPY_EVAL_SIZE = 11, 10, 1000
+TASKS = tuple(RECIPES)
 
 # The arguments that define a run: a resumed run must be given the same values.
 # (--steps, --eval-every, --out and the world size may change on resume.)
-RUN_DEFINING = ("task", "batch_size", "d_model", "heads", "d_ff", "layers", "dropout", "warmup", "lr_factor", "seed", "bf16")
+RUN_DEFINING = ("task", "batch_size", "d_model", "heads", "d_ff", "layers", "dropout", "warmup", "lr_factor",
+                "clip_norm", "seed", "bf16")
+# Options whose default is the recipe's value: option dest -> Recipe field.
+FROM_RECIPE = {"steps": "max_steps", "batch_size": "batch_size", "d_model": "d_model", "heads": "num_heads",
+               "d_ff": "d_ff", "layers": "num_layers", "dropout": "dropout", "warmup": "warmup",
+               "lr_factor": "lr_factor", "clip_norm": "clip_norm", "eval_every": "eval_every"}
+# ModelConfig's field names as the command line spells them, for its error messages.
+CONFIG_OPTIONS = {"d_model": "--d-model", "num_heads": "--heads", "d_ff": "--d-ff", "num_layers": "--layers",
+                  "dropout": "--dropout"}
 
 
 # --- arguments -----------------------------------------------------------------------------
@@ -69,42 +81,64 @@ RUN_DEFINING = ("task", "batch_size", "d_model", "heads", "d_ff", "layers", "dro
 def build_parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring for examples)."""
     parser = argparse.ArgumentParser(
-        prog="python -m transformer_book.train",
-        description="Train the book's Transformer on the copy or dates task, alone or under torchrun.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="transformer-book-train",
+        description="Train the book's Transformer on the copy or dates task, alone or under torchrun. "
+        "Options not given take the task's recipe value (transformer_book.recipes.RECIPES).",
     )
+    recipe_value = "default: the recipe's"
     parser.add_argument("--task", choices=TASKS, required=True, help="copy: repeat the input; dates: French words to ISO")
-    parser.add_argument("--steps", type=int, required=True, help="train up to this step (a resumed run continues to it)")
-    parser.add_argument("--batch-size", type=int, required=True, help="the global batch, split evenly over the processes")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint file written by rank 0")
-    parser.add_argument("--d-model", type=int, default=64, help="width of every layer")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
-    parser.add_argument("--d-ff", type=int, default=256, help="inner width of the feed-forward blocks")
-    parser.add_argument("--layers", type=int, default=2, help="encoder layers, and as many decoder layers")
-    parser.add_argument("--dropout", type=float, default=0.1, help="dropout rate (the paper: 0.1)")
-    parser.add_argument("--warmup", type=int, default=200, help="warm-up steps of the learning-rate schedule (chapter 8: 200)")
-    parser.add_argument("--lr-factor", type=float, default=0.5, help="factor of the paper's learning-rate schedule (chapter 8: 0.5)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the weights, every batch and every dropout mask")
-    parser.add_argument("--eval-every", type=int, default=100, help="evaluate (and checkpoint) every N steps; 0: at the end only")
+    parser.add_argument("--steps", type=int, help=f"train up to this step (a resumed run continues to it); {recipe_value} cap")
+    parser.add_argument("--batch-size", type=int, help=f"the global batch, split evenly over the processes; {recipe_value}")
+    parser.add_argument("--d-model", type=int, help=f"width of every layer; {recipe_value}")
+    parser.add_argument("--heads", type=int, help=f"attention heads (must divide --d-model); {recipe_value}")
+    parser.add_argument("--d-ff", type=int, help=f"inner width of the feed-forward blocks; {recipe_value}")
+    parser.add_argument("--layers", type=int, help=f"encoder layers, and as many decoder layers; {recipe_value}")
+    parser.add_argument("--dropout", type=float, help=f"dropout rate; {recipe_value}")
+    parser.add_argument("--warmup", type=int, help=f"warm-up steps of the learning-rate schedule; {recipe_value}")
+    parser.add_argument("--lr-factor", type=float, help=f"scale of the paper's learning-rate schedule; {recipe_value}")
+    parser.add_argument("--clip-norm", type=float, help=f"largest gradient norm; 0 turns clipping off; {recipe_value}")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights, every batch and every dropout mask (default 0)")
+    parser.add_argument("--eval-every", type=int, help=f"evaluate (and checkpoint) every N steps, 0: at the end only; {recipe_value}")
     parser.add_argument("--eval-size", type=int, default=None, help="evaluate on the first N held-out examples (default: all)")
     parser.add_argument("--resume", type=Path, default=None, help="checkpoint to continue from")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (CUDA; also accepted on CPU, where it is slow)")
     return parser
 
 
+def fill_from_recipe(args: argparse.Namespace) -> Recipe:
+    """Give every option that was left out its value from the task's recipe; returns the recipe."""
+    recipe = RECIPES[args.task]
+    for option, field_name in FROM_RECIPE.items():
+        if getattr(args, option) is None:
+            setattr(args, option, getattr(recipe, field_name))
+    if args.clip_norm is not None and args.clip_norm <= 0:
+        args.clip_norm = None  # 0 means: do not clip
+    return recipe
+
+
+def model_config(args: argparse.Namespace, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
+    """The run's ModelConfig (its checks raise ValueError naming the fields)."""
+    return ModelConfig.small(src_vocab_size, tgt_vocab_size, d_model=args.d_model, num_heads=args.heads,
+                             d_ff=args.d_ff, num_layers=args.layers, dropout=args.dropout)
+
+
 def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
-    """Raise ``ValueError`` naming the option for a value the run cannot use."""
-    positive = {"--steps": args.steps, "--batch-size": args.batch_size, "--d-model": args.d_model, "--heads": args.heads,
-                "--d-ff": args.d_ff, "--layers": args.layers, "--warmup": args.warmup}
-    for name, value in positive.items():
+    """Raise ``ValueError`` naming the option for a value the run cannot use.
+
+    The model's sizes are checked by :class:`ModelConfig` itself; its message is
+    translated to the options' names (``num_heads`` → ``--heads``).
+    """
+    for name, value in {"--steps": args.steps, "--batch-size": args.batch_size, "--warmup": args.warmup}.items():
         if value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value}")
-    if args.d_model % args.heads:
-        raise ValueError(f"--d-model={args.d_model} is not divisible by --heads={args.heads}")
-    if args.d_model % 2:
-        raise ValueError(f"--d-model must be even (sinusoidal positions), got {args.d_model}")
-    if not 0.0 <= args.dropout < 1.0:
-        raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
+    try:
+        model_config(args, 3, 3)
+    except ValueError as error:
+        message = str(error)
+        for field_name, option in CONFIG_OPTIONS.items():
+            message = re.sub(rf"\b{field_name}\b", option, message)
+        raise ValueError(message) from None
     if not (args.lr_factor > 0 and math.isfinite(args.lr_factor)):
         raise ValueError(f"--lr-factor must be a positive number, got {args.lr_factor}")
     if args.eval_every < 0:
@@ -125,6 +159,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
 def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> argparse.Namespace:
     """Parse and validate the command line; ``ValueError`` for a value that parses but cannot be used."""
     args = build_parser().parse_args(argv)
+    fill_from_recipe(args)
     validate_args(args, world_size)
     return args
 
@@ -133,7 +168,7 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> argpar
 
 
 @dataclass(frozen=True)
-class Runtime:
+class ProcessInfo:
     """Where this process stands: its rank among ``world_size`` processes and its device."""
 
     rank: int
@@ -151,7 +186,7 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def setup_runtime(bf16: bool) -> Runtime:
+def setup_processes(bf16: bool) -> ProcessInfo:
     """Join torchrun's process group when its variables are set; pick the device.
 
     On CUDA each process takes the GPU numbered by ``LOCAL_RANK`` (its index on
@@ -162,7 +197,7 @@ def setup_runtime(bf16: bool) -> Runtime:
     if device.type == "mps" and (distributed or bf16):
         raise ValueError("--bf16 and torchrun runs are not supported on Apple's MPS; set TRANSFORMER_BOOK_DEVICE=cpu")
     if not distributed:
-        return Runtime(rank=0, world_size=1, device=device, distributed=False)
+        return ProcessInfo(rank=0, world_size=1, device=device, distributed=False)
     if device.type == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if local_rank >= torch.cuda.device_count():
@@ -171,7 +206,7 @@ def setup_runtime(bf16: bool) -> Runtime:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Runtime(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, distributed=True)
+    return ProcessInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, distributed=True)
 
 
 def derive_seed(*numbers: int) -> int:
@@ -193,35 +228,26 @@ class TaskData:
     eval_tgt: Tensor  # BOS first
     bos_id: int
     eos_id: int | None
+    pad_id: int
 
 
 def make_task(name: str, batch_size: int, seed: int, eval_size: int | None) -> TaskData:
-    """The copy task (vocabulary 11, length 10) or the French dates task, seeded by ``seed``."""
-    if name == "copy":
-        def global_batch(step: int) -> Batch:
-            generator = torch.Generator().manual_seed(derive_seed(seed, step))
-            return copy_task_batch(batch_size, COPY_VOCAB, COPY_LENGTH, generator=generator)
+    """The recipe's task (copy or French dates) with its held-out set drawn from ``seed``.
 
-        # Steps count from 1, so (seed, 0) is never a training batch. With 10^9 possible
-        # sequences the overlap with training data is negligible: effectively held out.
-        held_out = copy_task_batch(eval_size or COPY_EVAL_SIZE, COPY_VOCAB, COPY_LENGTH,
-                                   generator=torch.Generator().manual_seed(derive_seed(seed, 0)))
-        return TaskData(COPY_VOCAB, COPY_VOCAB, global_batch, held_out.src, held_out.src, bos_id=1, eos_id=None)
-    if name == "dates":
-        task = DateTask()  # a fixed split: the held-out dates do not depend on --seed
+    The batch of step ``s`` is drawn from a generator seeded by ``(seed, s)`` only.
+    """
+    task: CopyTask | DateTask = RECIPES[name].make_task(seed)
 
-        def global_batch(step: int) -> Batch:
-            return task.train_batch(batch_size, random.Random(derive_seed(seed, step)))
+    def global_batch(step: int) -> Batch:
+        return task.train_batch(batch_size, random.Random(derive_seed(seed, step)))
 
-        src, tgt = task.test_set()
-        if eval_size is not None:
-            src, tgt = src[:eval_size], tgt[:eval_size]
-        return TaskData(len(task.src_vocab), len(task.tgt_vocab), global_batch, src, tgt,
-                        bos_id=task.tgt_vocab.bos_id, eos_id=task.tgt_vocab.eos_id)
-    raise ValueError(f"--task must be one of {TASKS}, got {name!r}")
+    src, tgt = task.test_set()
+    if eval_size is not None:
+        src, tgt = src[:eval_size], tgt[:eval_size]
+    return TaskData(task.src_vocab_size, task.tgt_vocab_size, global_batch, src, tgt, task.bos_id, task.eos_id, task.pad_id)
 
 
-def shard(batch: Batch, rank: int, world_size: int) -> Batch:
+def shard(batch: Batch, rank: int, world_size: int, pad_id: int) -> Batch:
     """Rows ``[rank·b, (rank+1)·b)`` of the global batch, ``b = B / world_size``."""
     size = batch.src.shape[0]
     if size % world_size:
@@ -229,7 +255,7 @@ def shard(batch: Batch, rank: int, world_size: int) -> Batch:
     rows = slice(rank * size // world_size, (rank + 1) * size // world_size)
     tgt_out = batch.tgt_out[rows]
     return Batch(batch.src[rows], batch.tgt_in[rows], tgt_out, batch.src_mask[rows], batch.tgt_mask[rows],
-                 num_tokens=int((tgt_out != 0).sum()))
+                 num_tokens=int((tgt_out != pad_id).sum()))
 
 
 # --- checkpoints ---------------------------------------------------------------------------
@@ -265,11 +291,31 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     os.replace(partial, path)
 
 
+CHECKPOINT_KEYS = {"model", "optimizer", "schedule", "step", "elapsed_s", "args", "model_config", "world_size"}
+
+
 def load_checkpoint(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Read a checkpoint (``weights_only=True``) and check it belongs to the run described by ``args``."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    for name, saved in state["args"].items():
-        given = getattr(args, name)
+    """Read a checkpoint (``weights_only=True``) and check it belongs to the run described by ``args``.
+
+    A file that is not this trainer's checkpoint (truncated, corrupt, written by another
+    program, or by another run) is a ``ValueError`` naming the file and what is wrong.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - pickle, zip and torch each raise their own kinds
+        # Not torch's message: its hint to load with weights_only=False is one this book never gives.
+        raise ValueError(
+            f"--resume={path} is not a checkpoint this trainer can read: torch.load failed with "
+            f"{type(error).__name__} (a truncated or corrupt file, or not a PyTorch file)"
+        ) from None
+    missing = CHECKPOINT_KEYS - set(state) if isinstance(state, dict) else CHECKPOINT_KEYS
+    if missing or not isinstance(state["args"], dict):
+        raise ValueError(
+            f"--resume={path} is not a checkpoint written by transformer-book-train "
+            f"(it lacks {', '.join(sorted(missing or {'args'}))})"
+        )
+    for name in RUN_DEFINING:
+        given, saved = getattr(args, name), state["args"].get(name)
         if given != saved:
             option = "--" + name.replace("_", "-")
             raise ValueError(f"{option}={given} but the checkpoint {path} was trained with {option}={saved}; "
@@ -282,8 +328,8 @@ def load_checkpoint(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 # --- training ------------------------------------------------------------------------------
 
 
-def rank_loss(loss_fn: LabelSmoothingLoss, logits: Tensor, part: Batch, global_tokens: int, world_size: int) -> Tensor:
-    """This rank's share of the loss, scaled so that DDP's gradient *average* is the 1-process gradient.
+def rank_loss_scale(part: Batch, global_tokens: int, world_size: int) -> float:
+    """The factor on this rank's mean loss that makes DDP's gradient *average* the 1-process gradient.
 
     The 1-process loss is (sum of per-token losses over the global batch) / global_tokens.
     Rank r holds the sum over its rows, ``mean_r · tokens_r``. DDP averages gradients,
@@ -292,12 +338,7 @@ def rank_loss(loss_fn: LabelSmoothingLoss, logits: Tensor, part: Batch, global_t
     The average over ranks of these is then exactly the 1-process loss, even when
     padding leaves the shards with different token counts.
     """
-    return loss_fn(logits, part.tgt_out) * (part.num_tokens / global_tokens * world_size)
-
-
-def autocast(device: torch.device, enabled: bool) -> AbstractContextManager:
-    """bfloat16 autocast on the run's device, or nothing."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if enabled else nullcontext()
+    return part.num_tokens / global_tokens * world_size
 
 
 def evaluate(model: Transformer, data: TaskData, device: torch.device, bf16: bool) -> float:
@@ -312,11 +353,10 @@ def emit(record: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def train_run(args: argparse.Namespace, rt: Runtime) -> dict[str, Any]:
+def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
     """The training loop; returns the last metrics record (every rank computes the loss)."""
     data = make_task(args.task, args.batch_size, args.seed, args.eval_size)
-    config = ModelConfig.small(data.src_vocab_size, data.tgt_vocab_size, d_model=args.d_model, num_heads=args.heads,
-                               d_ff=args.d_ff, num_layers=args.layers, dropout=args.dropout)
+    config = model_config(args, data.src_vocab_size, data.tgt_vocab_size)
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = make_model(config).to(rt.device)
     optimizer, schedule = noam_optimizer(model, args.d_model, args.warmup, args.lr_factor)
@@ -329,7 +369,7 @@ def train_run(args: argparse.Namespace, rt: Runtime) -> dict[str, Any]:
         start_step, elapsed_before = state["step"], state["elapsed_s"]
     wrapped: nn.Module = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None) \
         if rt.distributed else model
-    loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, 0.1, config.pad_id)
+    loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, RECIPES[args.task].smoothing, config.pad_id)
 
     record: dict[str, Any] = {}
     loss_sum, loss_steps = torch.zeros((), device=rt.device), 0
@@ -338,17 +378,13 @@ def train_run(args: argparse.Namespace, rt: Runtime) -> dict[str, Any]:
                disable=not rt.is_main, desc=f"{args.task} ×{rt.world_size}", unit="step")
     for step in bar:
         full = data.global_batch(step)  # identical on every rank
-        part = shard(full, rt.rank, rt.world_size).to(rt.device)
+        part = shard(full, rt.rank, rt.world_size, config.pad_id).to(rt.device)
         torch.manual_seed(derive_seed(args.seed, step, rt.rank))  # this rank's dropout for this step
-        wrapped.train()
-        with autocast(rt.device, args.bf16):
-            logits = wrapped(part.src, part.tgt_in, part.src_mask, part.tgt_mask)
-        loss = rank_loss(loss_fn, logits, part, full.num_tokens, rt.world_size)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP all-reduces (averages) the gradients here
-        optimizer.step()
-        lr = optimizer.param_groups[0]["lr"]
-        schedule.step()
+        # DDP all-reduces (averages) the gradients during backward; the scale makes that average
+        # the one-process gradient.
+        scale = rank_loss_scale(part, full.num_tokens, rt.world_size)
+        loss, lr = train_step(wrapped, part, loss_fn, optimizer, schedule, clip_norm=args.clip_norm,
+                              loss_scale=scale, bf16=args.bf16)  # fmt: skip
         loss_sum += loss.detach() / rt.world_size  # summed over ranks below: the global-batch loss
         loss_steps += 1
 
@@ -372,10 +408,10 @@ def train_run(args: argparse.Namespace, rt: Runtime) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m transformer_book.train``; returns the exit status."""
+    """Entry point of ``python -m transformer_book.cli``; returns the exit status."""
     try:
         args = parse_args(argv, world_size_from_env())
-        rt = setup_runtime(args.bf16)
+        rt = setup_processes(args.bf16)
     except ValueError as error:
         build_parser().error(str(error))  # prints usage and the message, exits with status 2
     try:

@@ -1,0 +1,109 @@
+"""The training recipes: one per task, used everywhere, reaching their targets; the shipped checkpoint.
+
+`benchmarks/bench_recipes.py` runs each recipe with ten seeds; here one seed of each is
+trained (the book's chapters train both again, with other seeds in tests/test_sections.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import shutil
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_book as tb
+from transformer_book.recipes import CHECKPOINT_PACKAGE, checkpoint_digest, checkpoint_state, read_checkpoint
+
+CPU = torch.device("cpu")
+
+
+def test_unknown_recipe_is_a_value_error():
+    with pytest.raises(ValueError, match="name must be one of"):
+        tb.recipe("poetry")
+
+
+def test_recipes_build_their_models():
+    for name, r in tb.RECIPES.items():
+        task = r.make_task(0)
+        config = r.model_config(task)
+        assert (config.src_vocab_size, config.tgt_vocab_size) == (task.src_vocab_size, task.tgt_vocab_size)
+        assert (config.d_model, config.num_layers, config.dropout) == (r.d_model, r.num_layers, r.dropout)
+        assert r.eval_every < r.max_steps and 0 < r.target <= 1, name
+
+
+def test_a_fixed_seed_reproduces_the_numbers_and_the_loss_falls():
+    r = tb.recipe("copy")
+
+    def losses() -> list[float]:
+        tb.seed_everything(0)
+        task = r.make_task(0)
+        model = tb.make_model(r.model_config(task))
+        optimizer, schedule = r.optimizer(model)
+        rng = __import__("random").Random(1)
+        history = tb.fit(model, lambda step: task.train_batch(64, rng), 30, optimizer, schedule,
+                         progress=False, clip_norm=r.clip_norm)  # fmt: skip
+        assert history.lr[0] < history.lr[-1]  # still warming up
+        return history.loss
+
+    first, second = losses(), losses()
+    assert first == second  # the same floats, not just close
+    assert sum(first[-5:]) / 5 < 0.8 * sum(first[:5]) / 5
+
+
+def test_copy_recipe_reaches_its_target():
+    run = tb.train_recipe("copy", seed=0, device=CPU)
+    print(f"\ncopy: {run.accuracy:.1%} exact match on 1,000 held-out sequences after {run.steps} steps")
+    assert run.accuracy >= run.recipe.target
+    assert run.accuracy == tb.recipes.held_out_accuracy(run.model, run.task)  # it is the held-out set's
+
+
+def test_dates_recipe_still_makes_the_shipped_checkpoint():
+    """Retrained from scratch, the dates recipe reaches the target the shipped model claims."""
+    shipped = tb.trained_model("dates", device=CPU)
+    run = tb.train_recipe("dates", seed=shipped.seed, device=CPU)
+    print(f"\ndates: retrained {run.accuracy:.2%} after {run.steps} steps; shipped {shipped.accuracy:.2%} after {shipped.steps}")
+    assert run.accuracy >= run.recipe.target and shipped.accuracy >= shipped.recipe.target
+
+
+def test_shipped_checkpoint_loads_and_translates():
+    trained = tb.trained_model("dates", device=CPU)
+    assert not trained.model.training and trained.history is None
+    accuracy = tb.recipes.held_out_accuracy(trained.model, trained.task)
+    # Another CPU's rounding may flip a date whose two best characters are within float noise.
+    assert abs(accuracy - trained.accuracy) <= 0.002, (accuracy, trained.accuracy)
+    assert accuracy >= trained.recipe.target - 0.002
+
+
+@pytest.fixture
+def checkpoint_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(Path(str(resources.files(CHECKPOINT_PACKAGE))), folder)
+    return folder
+
+
+def test_corrupt_checkpoint_is_refused(checkpoint_copy: Path):
+    data = bytearray((checkpoint_copy / "dates.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (checkpoint_copy / "dates.pt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="SHA-256 does not match"):
+        read_checkpoint(checkpoint_copy, "dates")
+
+
+def test_checkpoint_from_another_recipe_is_refused(checkpoint_copy: Path, monkeypatch):
+    """Change the recipe without making the checkpoint again: loading says so."""
+    changed = dataclasses.replace(tb.recipe("dates"), batch_size=tb.recipe("dates").batch_size + 1)
+    monkeypatch.setitem(tb.RECIPES, "dates", changed)
+    with pytest.raises(ValueError, match="another recipe"):
+        read_checkpoint(checkpoint_copy, "dates")
+
+
+def test_checkpoint_holds_only_plain_values(checkpoint_copy: Path):
+    state = torch.load(checkpoint_copy / "dates.pt", weights_only=True)
+    assert set(state) == set(checkpoint_state(tb.trained_model("dates", device=CPU)))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    assert checkpoint_digest(buffer.getvalue())  # it round-trips through torch.save
