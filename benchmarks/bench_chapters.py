@@ -26,7 +26,7 @@ import nbformat
 import torch
 from nbclient import NotebookClient
 
-from common import machine, print_table
+from common import machine, print_table, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tests"))
@@ -118,6 +118,11 @@ def main() -> int:
     if failures:
         print("\nFailed:\n" + "\n\n".join(failures), file=sys.stderr)
         return 1
+    if not args.chapters and args.root.resolve() == REPO_ROOT:
+        write_results("chapters", {
+            "note": "fresh kernel per chapter, wall-clock including kernel start and imports",
+            "rows": [{"chapter": Path(n).stem, "device": d, "seconds": seconds[n, d]} for d in devices for n in notebooks],
+        })  # fmt: skip
     return 0
 
 

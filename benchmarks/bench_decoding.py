@@ -1,22 +1,25 @@
-"""Greedy decoding with and without the KV cache: same tokens, different cost.
+"""Greedy decoding with and without the KV cache, and beam search: same tokens, different cost.
 
 Without the cache every step runs the decoder over the whole prefix again
 (work grows with the square of the output length); with it each step feeds only
 the newest token. The model is untrained, so EOS is made impossible (its logit
-bias set to -1e4) to decode exactly the requested number of tokens.
+bias set to -1e4) to decode exactly the requested number of tokens. Beam search
+(which always uses the cache) is timed per decoding step for a few beam sizes; with
+beam size 1 it must give greedy decoding's tokens.
 
-    python benchmarks/bench_decoding.py               # paper base, batch 8, 64 new tokens
+    python benchmarks/bench_decoding.py               # base sizes, vocabulary 1,000, batch 8, source 32
     python benchmarks/bench_decoding.py --small
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
 import transformer_book as tb
-from common import interleaved_medians, machine, print_table
+from common import interleaved_medians, machine, print_table, write_results
 
 BOS, EOS = 1, 2
 
@@ -35,33 +38,57 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, 
         cached, recomputed = decode(True)(), decode(False)()
         assert cached.shape == (batch, new + 1) and torch.equal(cached, recomputed), "the cache changed the output"
         times = interleaved_medians({"cache": decode(True), "no cache": decode(False)}, device, repeats, warmup=1)
-        rows.append([
-            device.type, new,
-            f"{times['no cache'] * 1e3:.1f}",
-            f"{times['cache'] * 1e3:.1f}",
-            f"{times['no cache'] / times['cache']:.2f}x",
-            "yes",
-        ])
+        rows.append({"device": device.type, "new_tokens": new, "no_cache_ms": times["no cache"] * 1e3,
+                     "cache_ms": times["cache"] * 1e3, "speedup": times["no cache"] / times["cache"], "identical": True})
     return rows
+
+
+def run_beam(device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, new: int, beams: list[int],
+             repeats: int) -> list[dict]:
+    """Beam search for ``new`` tokens: milliseconds per decoding step for each beam size."""
+    tb.seed_everything(0)
+    model = tb.make_model(config).to(device).eval()
+    with torch.no_grad():
+        model.generator.bias[EOS] = -1e4
+    src = torch.randint(3, config.src_vocab_size, (batch, src_len), device=device)
+    greedy = tb.greedy_decode(model, src, new + 1, BOS, EOS)
+    assert torch.equal(tb.beam_search(model, src, new + 1, BOS, EOS, beam_size=1), greedy), "beam 1 is not greedy"
+    fns = {k: (lambda k=k: tb.beam_search(model, src, new + 1, BOS, EOS, beam_size=k)) for k in beams}
+    times = interleaved_medians(fns, device, repeats, warmup=1)
+    return [{"device": device.type, "beam_size": k, "new_tokens": new, "ms": times[k] * 1e3, "ms_per_step": times[k] * 1e3 / new}
+            for k in beams]  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="ModelConfig.small, for a quick check")
+    parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--src-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    config = tb.ModelConfig.small(1000) if args.small else tb.ModelConfig.base()
+    config = tb.ModelConfig.small(args.vocab) if args.small else tb.ModelConfig.base(args.vocab)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     rows = [r for d in devices for r in run(d, config, args.batch, args.src_len, args.new_tokens, args.repeats)]
+    beams = [r for d in devices for r in run_beam(d, config, args.batch, args.src_len, max(args.new_tokens), args.beams,
+                                                  args.repeats)]  # fmt: skip
+    title = (f"{'small' if args.small else 'base'} sizes, vocabulary {args.vocab}, batch {args.batch}, "
+             f"source {args.src_len} tokens, median of {args.repeats}")  # fmt: skip
     print_table(
-        f"Greedy decoding, KV cache vs recomputing the prefix — {'small' if args.small else 'paper base'} config, "
-        f"batch {args.batch}, source {args.src_len} tokens, median of {args.repeats}\n{machine()}",
+        f"Greedy decoding, KV cache vs recomputing the prefix — {title}\n{machine()}",
         ["device", "new tokens", "no cache ms", "KV cache ms", "speed-up", "identical tokens"],
-        rows,
+        [[r["device"], r["new_tokens"], f"{r['no_cache_ms']:.1f}", f"{r['cache_ms']:.1f}", f"{r['speedup']:.2f}x", "yes"]
+         for r in rows],
+    )  # fmt: skip
+    print_table(
+        f"Beam search (KV cache), {max(args.new_tokens)} new tokens — {title}",
+        ["device", "beam size", "ms", "ms per step"],
+        [[r["device"], r["beam_size"], f"{r['ms']:.1f}", f"{r['ms_per_step']:.2f}"] for r in beams],
     )
+    if not args.small:
+        write_results("decoding", {"title": title, "config": dataclasses.asdict(config), "greedy": rows, "beam": beams})
 
 
 if __name__ == "__main__":

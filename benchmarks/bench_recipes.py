@@ -19,17 +19,12 @@ import json
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from datetime import date
-from pathlib import Path
 
 import torch
 
-from common import machine, print_table
+from common import machine, print_table, write_results
 
 import transformer_book as tb
-
-RESULTS = Path(__file__).resolve().parent / "results" / "recipes.json"
-
 
 def run_seed(name: str, seed: int, stay: float) -> dict:
     """One seed of one recipe, to the cap (in a worker process of its own)."""
@@ -76,10 +71,9 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1")
     parser.add_argument("--stay", type=float, default=0.99, help="the accuracy a run must keep after its target")
     parser.add_argument("--workers", type=int, default=2, help="processes, each with one thread")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    report = {"date": date.today().isoformat(), "machine": machine(), "note": "each seed in a process of its own, one thread", "recipes": {}}
+    report = {"note": "each seed in a process of its own, one thread", "recipes": {}}
     with ProcessPoolExecutor(args.workers) as pool:
         futures = {name: [pool.submit(run_seed, name, seed, args.stay) for seed in range(args.seeds)] for name in args.recipes}
         for name, jobs in futures.items():
@@ -95,9 +89,7 @@ def main() -> int:
             line = summary(name, rows)
             print(json.dumps(line))
             report["recipes"][name] = {"summary": line, "seeds": rows, "recipe": tb.recipe(name).__dict__}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"\nwrote {args.out}")
+    write_results("recipes", report)
     return 0 if all(r["summary"]["failures"] == 0 for r in report["recipes"].values()) else 1
 
 

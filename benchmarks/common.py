@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 import time
+from datetime import date
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -70,3 +73,21 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obje
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in cells[1:]:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def write_results(name: str, data: dict) -> Path:
+    """Write ``benchmarks/results/<name>.json`` with the date, the machine and the versions.
+
+    The performance appendix renders its tables from these files, so the figures on the
+    page are what a script printed, never retyped.
+    """
+    record = {"date": date.today().isoformat(), "machine": machine(), "torch": torch.__version__,
+              "python": platform.python_version(), **data}  # fmt: skip
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"\nwrote {path}")
+    return path

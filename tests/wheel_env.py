@@ -6,7 +6,8 @@ imports `transformer_book` from site-packages. `make_wheel_env` reproduces that:
 1. build the package's wheel from a copy of only what the wheel needs (pyproject.toml,
    README.md, src/), so the build leaves nothing in the repository;
 2. create a plain virtual environment (no system site-packages, so the repository's
-   editable install is invisible) and install the wheel plus ipykernel, with the versions
+   editable install is invisible) and install the wheel with its `book` extra (the chart
+   libraries a chapter needs) plus ipykernel, with the versions
    pinned in requirements.txt as constraints.
 
 tests/conftest.py makes it once per session, in the background, and tests/test_sections.py
@@ -87,7 +88,7 @@ def make_wheel_env(root: Path) -> ColabEnv:
     python = venv / "bin" / "python"
     venv_env = _clean_env(venv)
     _run([python, "-m", "pip", "install", "--quiet", "-c", _constraints(root / "constraints.txt"),
-          wheels[0], "ipykernel"], cwd=root, env=venv_env, timeout=INSTALL_TIMEOUT_S)
+          f"{wheels[0]}[book]", "ipykernel"], cwd=root, env=venv_env, timeout=INSTALL_TIMEOUT_S)
     site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                      cwd=root, env=venv_env).stdout.strip())
 

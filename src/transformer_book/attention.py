@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -61,28 +60,61 @@ def scaled_dot_product_attention(
     return weights @ value, weights
 
 
-@dataclass
 class KVCache:
-    """Keys and values already projected, ``(batch, heads, length, d_head)``.
+    """Keys and values already projected, ``key``/``value`` ``(batch, heads, length, d_head)``.
 
-    Self-attention in the decoder appends one position per step. Cross-attention
-    sets ``static=True``: its keys and values come from the encoder's memory, which
-    does not change while decoding, so they are projected once and reused.
+    Self-attention in the decoder appends one position per step. The entries live in a
+    buffer that doubles when full, so a step writes only its own position instead of
+    copying the whole past (``torch.cat`` would make decoding ``n`` tokens cost ``n²``
+    copies). Cross-attention sets ``static=True``: its keys and values come from the
+    encoder's memory, which does not change while decoding, so they are projected once,
+    stored, and reused at every step.
     """
 
-    key: Tensor | None = None
-    value: Tensor | None = None
-    static: bool = False
+    def __init__(self, static: bool = False) -> None:
+        self.static = static
+        self.length = 0
+        self._key: Tensor | None = None
+        self._value: Tensor | None = None
 
     @property
-    def length(self) -> int:
-        return 0 if self.key is None else self.key.shape[2]
+    def key(self) -> Tensor | None:
+        return None if self._key is None else self._key[:, :, : self.length]
+
+    @property
+    def value(self) -> Tensor | None:
+        return None if self._value is None else self._value[:, :, : self.length]
+
+    def store(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Keep ``key`` and ``value`` as they are (a static cache's one write); returns them."""
+        self._key, self._value, self.length = key, value, key.shape[2]
+        return key, value
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new positions ``(batch, heads, new, d_head)``; returns every position so far."""
+        end = self.length + key.shape[2]
+        if self._key is None or end > self._key.shape[2]:
+            capacity = max(16, 2 * end)
+            grown_key = key.new_empty(*key.shape[:2], capacity, key.shape[3])
+            grown_value = value.new_empty(*value.shape[:2], capacity, value.shape[3])
+            if self._key is not None:
+                grown_key[:, :, : self.length] = self.key
+                grown_value[:, :, : self.length] = self.value
+            self._key, self._value = grown_key, grown_value
+        self._key[:, :, self.length : end] = key
+        self._value[:, :, self.length : end] = value
+        self.length = end
+        return self.key, self.value
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` (beam search reorders its hypotheses)."""
-        if self.key is not None:
-            self.key = self.key.index_select(0, index)
-            self.value = self.value.index_select(0, index)
+        if self._key is not None:
+            self._key = self._key.index_select(0, index)
+            self._value = self._value.index_select(0, index)
+
+    def __repr__(self) -> str:
+        shape = None if self._key is None else tuple(self.key.shape)
+        return f"KVCache(static={self.static}, length={self.length}, key shape={shape})"
 
 
 class MultiHeadAttention(nn.Module):
@@ -116,6 +148,8 @@ class MultiHeadAttention(nn.Module):
         # Set by record_attention(): keep the weights of the last call for charts.
         self.record_weights = False
         self.last_weights: Tensor | None = None
+        # The packed q/k/v (or k/v) weights for inference, with the parameters' versions they match.
+        self._packed_cache: dict[str, tuple] = {}
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``q_proj(query)``, ``k_proj(key)``, ``v_proj(value)``, each ``(B, len, d_model)``.
@@ -125,16 +159,30 @@ class MultiHeadAttention(nn.Module):
         as ``nn.MultiheadAttention``'s packed ``in_proj_weight`` is. Same numbers either way.
         """
         if query is key and key is value:
-            return self._packed(query, self.q_proj, self.k_proj, self.v_proj)
+            return self._packed(query, "qkv")
         if key is value:
-            return (self.q_proj(query), *self._packed(key, self.k_proj, self.v_proj))
+            return (self.q_proj(query), *self._packed(key, "kv"))
         return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
-    @staticmethod
-    def _packed(x: Tensor, *projections: nn.Linear) -> tuple[Tensor, ...]:
-        weight = torch.cat([p.weight for p in projections])
-        bias = torch.cat([p.bias for p in projections]) if projections[0].bias is not None else None
+    def _packed(self, x: Tensor, which: str) -> tuple[Tensor, ...]:
+        projections = [getattr(self, f"{name}_proj") for name in which]
+        if torch.is_grad_enabled():  # training: the concatenation must be part of the autograd graph
+            weight = torch.cat([p.weight for p in projections])
+            bias = torch.cat([p.bias for p in projections]) if projections[0].bias is not None else None
+        else:  # inference: concatenate once, again only when an optimiser has changed the weights
+            weight, bias = self._packed_weights(which, projections)
         return F.linear(x, weight, bias).chunk(len(projections), dim=-1)
+
+    def _packed_weights(self, which: str, projections: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+        params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
+        # A parameter's _version counts its in-place changes (optimizer steps, load_state_dict).
+        stamp = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in params)
+        cached = self._packed_cache.get(which)
+        if cached is None or cached[0] != stamp:
+            weight = torch.cat([p.weight for p in projections]).detach()
+            bias = torch.cat([p.bias for p in projections]).detach() if projections[0].bias is not None else None
+            cached = self._packed_cache[which] = (stamp, weight, bias)
+        return cached[1], cached[2]
 
     def split_heads(self, x: Tensor) -> Tensor:
         """``(B, len, d_model)`` → ``(B, heads, len, d_head)``."""
@@ -170,11 +218,8 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.key, cache.value
         else:
             q, k, v = (self.split_heads(t) for t in self.project(query, key, value))
-            if cache is not None:
-                if cache.key is not None:  # self-attention: append this step to the past
-                    k = torch.cat([cache.key, k], dim=2)
-                    v = torch.cat([cache.value, v], dim=2)
-                cache.key, cache.value = k, v
+            if cache is not None:  # self-attention: this step joins the past; cross: kept for later
+                k, v = cache.store(k, v) if cache.static else cache.append(k, v)
 
         batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[2]
         if mask is not None:

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import altair as alt
-import matplotlib.pyplot as plt
-import pandas as pd
-import seaborn as sns
+try:
+    import altair as alt
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+except ImportError as error:  # the model needs none of them; the charts need all
+    raise ImportError(
+        f"transformer_book.viz needs the chart libraries ({error.name} is missing): "
+        'pip install "transformer-book[book]"'
+    ) from error
 import torch
 from torch import Tensor
 
