@@ -24,9 +24,8 @@ from pathlib import Path
 
 import nbformat
 import torch
-from nbclient import NotebookClient
-
 from common import machine, print_table, write_results
+from nbclient import NotebookClient
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tests"))
@@ -59,11 +58,13 @@ def execute(notebook: Path, device: str, kernel: str | None) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="the book's root (holds _toc.yml)")
-    parser.add_argument("--devices", nargs="+", default=None,
-                        help="devices to run on (default: cpu, and cuda when available)")
+    parser.add_argument(
+        "--devices", nargs="+", default=None, help="devices to run on (default: cpu, and cuda when available)"
+    )
     parser.add_argument("--kernel", default=None, help="kernel name (default: each notebook's kernelspec)")
-    parser.add_argument("--chapters", nargs="+", default=None,
-                        help="only chapters whose path contains one of these strings")
+    parser.add_argument(
+        "--chapters", nargs="+", default=None, help="only chapters whose path contains one of these strings"
+    )
     args = parser.parse_args()
 
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
@@ -101,8 +102,9 @@ def main() -> int:
             row.append(f"{cpu / cuda:.2f}" if cpu and cuda else "-")
         rows.append(row)
     totals = {d: [seconds[n, d] for n in notebooks] for d in devices}
-    rows.append(["**total**"] + [cell(None if None in t else sum(t)) for t in totals.values()]
-                + (["-"] if both else []))
+    rows.append(
+        ["**total**"] + [cell(None if None in t else sum(t)) for t in totals.values()] + (["-"] if both else [])
+    )
 
     try:
         package = importlib.metadata.version("transformer-book")
@@ -113,7 +115,8 @@ def main() -> int:
     print_table(
         "Chapter execution time (fresh kernel per chapter, wall-clock incl. kernel start)\n\n"
         f"{machine()}; transformer-book {package}; nbclient {nbclient.__version__}",
-        headers, rows,
+        headers,
+        rows,
     )
     if failures:
         print("\nFailed:\n" + "\n\n".join(failures), file=sys.stderr)
@@ -121,7 +124,9 @@ def main() -> int:
     if not args.chapters and args.root.resolve() == REPO_ROOT:
         write_results("chapters", {
             "note": "fresh kernel per chapter, wall-clock including kernel start and imports",
-            "rows": [{"chapter": Path(n).stem, "device": d, "seconds": seconds[n, d]} for d in devices for n in notebooks],
+            "rows": [
+                {"chapter": Path(n).stem, "device": d, "seconds": seconds[n, d]} for d in devices for n in notebooks
+            ],
         })  # fmt: skip
     return 0
 

@@ -17,9 +17,9 @@ import argparse
 import dataclasses
 
 import torch
+from common import interleaved_medians, machine, print_table, write_results
 
 import transformer_book as tb
-from common import interleaved_medians, machine, print_table, write_results
 
 BOS, EOS = 1, 2
 
@@ -32,19 +32,29 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, 
     src = torch.randint(3, config.src_vocab_size, (batch, src_len), device=device)
     rows = []
     for new in new_tokens:
-        def decode(use_cache):
+
+        def decode(use_cache, new=new):
             return lambda: tb.greedy_decode(model, src, new + 1, BOS, EOS, use_cache=use_cache)
 
         cached, recomputed = decode(True)(), decode(False)()
         assert cached.shape == (batch, new + 1) and torch.equal(cached, recomputed), "the cache changed the output"
         times = interleaved_medians({"cache": decode(True), "no cache": decode(False)}, device, repeats, warmup=1)
-        rows.append({"device": device.type, "new_tokens": new, "no_cache_ms": times["no cache"] * 1e3,
-                     "cache_ms": times["cache"] * 1e3, "speedup": times["no cache"] / times["cache"], "identical": True})
+        rows.append(
+            {
+                "device": device.type,
+                "new_tokens": new,
+                "no_cache_ms": times["no cache"] * 1e3,
+                "cache_ms": times["cache"] * 1e3,
+                "speedup": times["no cache"] / times["cache"],
+                "identical": True,
+            }
+        )
     return rows
 
 
-def run_beam(device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, new: int, beams: list[int],
-             repeats: int) -> list[dict]:
+def run_beam(
+    device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, new: int, beams: list[int], repeats: int
+) -> list[dict]:
     """Beam search for ``new`` tokens: milliseconds per decoding step for each beam size."""
     tb.seed_everything(0)
     model = tb.make_model(config).to(device).eval()
@@ -55,8 +65,16 @@ def run_beam(device: torch.device, config: tb.ModelConfig, batch: int, src_len: 
     assert torch.equal(tb.beam_search(model, src, new + 1, BOS, EOS, beam_size=1), greedy), "beam 1 is not greedy"
     fns = {k: (lambda k=k: tb.beam_search(model, src, new + 1, BOS, EOS, beam_size=k)) for k in beams}
     times = interleaved_medians(fns, device, repeats, warmup=1)
-    return [{"device": device.type, "beam_size": k, "new_tokens": new, "ms": times[k] * 1e3, "ms_per_step": times[k] * 1e3 / new}
-            for k in beams]  # fmt: skip
+    return [
+        {
+            "device": device.type,
+            "beam_size": k,
+            "new_tokens": new,
+            "ms": times[k] * 1e3,
+            "ms_per_step": times[k] * 1e3 / new,
+        }
+        for k in beams
+    ]
 
 
 def main() -> None:
@@ -79,8 +97,8 @@ def main() -> None:
     print_table(
         f"Greedy decoding, KV cache vs recomputing the prefix — {title}\n{machine()}",
         ["device", "new tokens", "no cache ms", "KV cache ms", "speed-up", "identical tokens"],
-        [[r["device"], r["new_tokens"], f"{r['no_cache_ms']:.1f}", f"{r['cache_ms']:.1f}", f"{r['speedup']:.2f}x", "yes"]
-         for r in rows],
+        [[r["device"], r["new_tokens"], f"{r['no_cache_ms']:.1f}", f"{r['cache_ms']:.1f}",
+          f"{r['speedup']:.2f}x", "yes"] for r in rows],
     )  # fmt: skip
     print_table(
         f"Beam search (KV cache), {max(args.new_tokens)} new tokens — {title}",

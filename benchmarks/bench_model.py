@@ -26,11 +26,11 @@ import time
 
 import torch
 import torch.nn.functional as F
+from common import interleaved_medians, machine, print_table, synchronize, write_results
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_book as tb
-from common import interleaved_medians, machine, print_table, synchronize, write_results
 from transformer_book.parity import to_pytorch
 
 
@@ -74,7 +74,9 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
     tgt = torch.randint(1, config.tgt_vocab_size, (batch, length + 1), device=device)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     src_mask, tgt_mask = tb.padding_mask(src), tb.causal_mask(length, device)
-    optimisers = {name: torch.optim.Adam(model.parameters(), lr=1e-4) for name, model in (("ours", ours), ("theirs", theirs))}
+    optimisers = {
+        name: torch.optim.Adam(model.parameters(), lr=1e-4) for name, model in (("ours", ours), ("theirs", theirs))
+    }
 
     def train_step(name, model):
         def step():
@@ -83,6 +85,7 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
             logits = model(src, tgt_in, src_mask, tgt_mask)
             F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).backward()
             optimisers[name].step()
+
         return step
 
     def eval_forward(model):
@@ -90,12 +93,15 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
         def forward():
             model.eval()
             model(src, tgt_in, src_mask, tgt_mask)
+
         return forward
 
     # Same outputs first: a benchmark of two different computations would mean nothing.
     ours.eval(), theirs.eval()
     with torch.no_grad():
-        torch.testing.assert_close(ours(src, tgt_in, src_mask, tgt_mask), theirs(src, tgt_in, src_mask, tgt_mask), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            ours(src, tgt_in, src_mask, tgt_mask), theirs(src, tgt_in, src_mask, tgt_mask), atol=1e-4, rtol=1e-4
+        )
 
     train_flops = flops(train_step("ours", ours))
     eval_flops = flops(eval_forward(ours))
@@ -112,7 +118,8 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
         rows.append({
             "device": device.type, "what": label, "ours_ms": times["ours"] * 1e3, "theirs_ms": times["theirs"] * 1e3,
             "ratio": times["ratio"], "ratio_min": times["ratio_min"], "ratio_max": times["ratio_max"],
-            "gflop": work / 1e9, "ours_gflops": work / times["ours"] / 1e9, "theirs_gflops": work / times["theirs"] / 1e9,
+            "gflop": work / 1e9, "ours_gflops": work / times["ours"] / 1e9,
+            "theirs_gflops": work / times["theirs"] / 1e9,
             "matmul_gflops": matmul_gflops, "tokens_per_s": batch * length / times["ours"],
         })  # fmt: skip
     return rows
@@ -149,14 +156,16 @@ def main() -> None:
     config = tb.ModelConfig.small(args.vocab) if args.small else tb.ModelConfig.base(args.vocab)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     rows = [row for device in devices for row in run(device, config, args.batch, args.length, args.repeats)]
-    title = (f"transformer_book vs nn.Transformer — {'small' if args.small else 'base'} sizes, vocabulary {args.vocab}, "
+    size = "small" if args.small else "base"
+    title = (f"transformer_book vs nn.Transformer — {size} sizes, vocabulary {args.vocab}, "
              f"batch {args.batch} x {args.length} tokens, float32, {args.repeats} rounds of A B B A")  # fmt: skip
     print_table(
         f"{title}\n{machine()}",
         ["what", "ours ms", "nn.Transformer ms", "ratio (median, min-max)", "GFLOP", "ours GFLOP/s", "theirs GFLOP/s",
          "matmul GFLOP/s", "ours / matmul"],
         [[f"{r['device']}: {r['what']}", f"{r['ours_ms']:.1f}", f"{r['theirs_ms']:.1f}",
-          f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})", f"{r['gflop']:.1f}", f"{r['ours_gflops']:.1f}",
+          f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})", f"{r['gflop']:.1f}",
+          f"{r['ours_gflops']:.1f}",
           f"{r['theirs_gflops']:.1f}", f"{r['matmul_gflops']:.1f}", f"{r['ours_gflops'] / r['matmul_gflops']:.0%}"]
          for r in rows],
     )  # fmt: skip

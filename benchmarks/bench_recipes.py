@@ -21,10 +21,10 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
-
 from common import machine, print_table, write_results
 
 import transformer_book as tb
+
 
 def run_seed(name: str, seed: int, stay: float) -> dict:
     """One seed of one recipe, to the cap (in a worker process of its own)."""
@@ -75,7 +75,9 @@ def main() -> int:
 
     report = {"note": "each seed in a process of its own, one thread", "recipes": {}}
     with ProcessPoolExecutor(args.workers) as pool:
-        futures = {name: [pool.submit(run_seed, name, seed, args.stay) for seed in range(args.seeds)] for name in args.recipes}
+        futures = {
+            name: [pool.submit(run_seed, name, seed, args.stay) for seed in range(args.seeds)] for name in args.recipes
+        }
         for name, jobs in futures.items():
             rows = [job.result() for job in jobs]
             print_table(

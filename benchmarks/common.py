@@ -7,9 +7,9 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -47,7 +47,9 @@ def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int,
     return statistics.median(times)
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 2) -> dict[str, float]:
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 2
+) -> dict[str, float]:
     """Like :func:`median_seconds` for several functions, taking turns, so drift in the
     machine's load (these machines are shared) hits every contender alike."""
     for fn in fns.values():

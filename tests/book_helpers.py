@@ -102,14 +102,14 @@ def notebooks_in_git(root: Path = BOOK_ROOT) -> list[Path]:
     try:
         out = subprocess.run(
             ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.ipynb"],
-            cwd=root, capture_output=True, text=True, check=True,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         # Not a git checkout (e.g. an unpacked archive): every notebook outside ignored folders.
-        return sorted(
-            p for p in root.rglob("*.ipynb")
-            if not {".ipynb_checkpoints", "_build"} & set(p.parts)
-        )
+        return sorted(p for p in root.rglob("*.ipynb") if not {".ipynb_checkpoints", "_build"} & set(p.parts))
     return sorted(root / line for line in out.splitlines() if line.strip())
 
 

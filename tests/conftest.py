@@ -23,13 +23,12 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
-
 from book_helpers import BOOK_ROOT, NOTEBOOK_TIMES, build_book
 from sections import SectionRuns, run_sections
 from wheel_env import ColabEnv, make_wheel_env
@@ -40,7 +39,9 @@ from wheel_env import ColabEnv, make_wheel_env
 torch.set_num_threads(1)
 
 _scratch = Path(tempfile.mkdtemp(prefix="transformer-book-tests-"))
-_pool = ThreadPoolExecutor(max_workers=len(("built_book", "wheel_env", "section_runs")), thread_name_prefix="background")
+_pool = ThreadPoolExecutor(
+    max_workers=len(("built_book", "wheel_env", "section_runs")), thread_name_prefix="background"
+)
 _jobs: dict[str, Future] = {}
 _jobs_lock = threading.Lock()
 

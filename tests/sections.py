@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-
 from book_helpers import BOOK_ROOT, toc_notebooks
 from wheel_env import ColabEnv
 
@@ -60,7 +59,9 @@ def split_notebook(path: Path) -> tuple[list[str], list[tuple[str, list[str]]]]:
     return setup, sections
 
 
-def book_sections(root: Path = BOOK_ROOT, notebooks: list[str] | None = None) -> tuple[dict[str, list[str]], list[Section]]:
+def book_sections(
+    root: Path = BOOK_ROOT, notebooks: list[str] | None = None
+) -> tuple[dict[str, list[str]], list[Section]]:
     """Every notebook's setup cells, and every section of the book that has code."""
     setups, found = {}, []
     for notebook in notebooks or toc_notebooks(root):
@@ -113,7 +114,9 @@ def run_sections(
         capture_output=True, text=True, env=environment, cwd=work,
     )  # fmt: skip
     seconds = time.perf_counter() - start
-    assert proc.returncode == 0, f"the section runner failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"the section runner failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
     results = {}
     for section in sections:
         report = work / "results" / f"{section.id}.json"
@@ -144,7 +147,10 @@ def main() -> int:
         if not result["ok"]:
             failed += 1
             print("    " + result["error"].strip().replace("\n", "\n    ")[-2500:])
-    print(f"{len(runs.sections) - failed}/{len(runs.sections)} sections ran alone in {runs.seconds:.0f}s (logs: {runs.logs})")
+    print(
+        f"{len(runs.sections) - failed}/{len(runs.sections)} sections ran alone "
+        f"in {runs.seconds:.0f}s (logs: {runs.logs})"
+    )
     return 1 if failed else 0
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import html.parser
-import os
 import http.server
+import os
 import re
 import shutil
 import threading
@@ -20,7 +20,6 @@ from urllib.parse import unquote, urlparse
 import altair as alt
 import nbformat
 import pytest
-
 from book_helpers import (
     ALTAIR_DIV_SELECTOR,
     BOOK_ROOT,
@@ -31,8 +30,14 @@ from book_helpers import (
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
 ]
 MAX_PAGE_BYTES = int(1.5 * 1024 * 1024)
 PAGES = page_names()
@@ -40,6 +45,7 @@ CHART_TIMEOUT_MS = 20_000
 
 
 # --------------------------------------------------------------------------- static checks
+
 
 def _vega_debug() -> dict[str, str]:
     text = (BOOK_ROOT / "_static" / "vega-offline.js").read_text(encoding="utf-8")
@@ -63,8 +69,9 @@ def test_vendored_vega_files_exist_and_are_loaded_first():
     for name in ("vega.min.js", "vega-lite.min.js", "vega-embed.min.js"):
         assert (vendor / name).stat().st_size > 10_000, f"_static/vendor/{name} missing or truncated"
     js = yaml.safe_load((BOOK_ROOT / "_config.yml").read_text())["sphinx"]["config"]["html_js_files"]
-    assert js[:4] == ["vega-offline.js", "vendor/vega.min.js", "vendor/vega-lite.min.js",
-                      "vendor/vega-embed.min.js"], js
+    assert js[:4] == ["vega-offline.js", "vendor/vega.min.js", "vendor/vega-lite.min.js", "vendor/vega-embed.min.js"], (
+        js
+    )
 
 
 def test_page_html_size(built_book: Path):
@@ -78,9 +85,11 @@ def test_page_html_size(built_book: Path):
 
 def test_no_mimetype_chart_fallbacks(built_book: Path):
     """A chart shown with Altair's mimetype renderer builds as plain text, not a chart."""
-    bad = [name for name in PAGES
-           if any(m in (built_book / f"{name}.html").read_text(encoding="utf-8")
-                  for m in MIMETYPE_FALLBACK_MARKERS)]
+    bad = [
+        name
+        for name in PAGES
+        if any(m in (built_book / f"{name}.html").read_text(encoding="utf-8") for m in MIMETYPE_FALLBACK_MARKERS)
+    ]
     assert not bad, f"charts rendered as text (use Altair's default html renderer): {bad}"
 
 
@@ -101,7 +110,7 @@ class _LinkParser(html.parser.HTMLParser):
                 self.links.append(attrs[key])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(path: Path) -> _LinkParser:
     parser = _LinkParser()
     parser.feed(path.read_text(encoding="utf-8"))
@@ -136,8 +145,10 @@ def test_cell_error_fails_the_build(tmp_path: Path):
     (src / "intro.md").write_text("# Intro\n\nA page.\n")
     (src / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: broken\n")
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("# Broken"),
-                nbformat.v4.new_code_cell("raise ZeroDivisionError('cell error must fail the build')")]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Broken"),
+        nbformat.v4.new_code_cell("raise ZeroDivisionError('cell error must fail the build')"),
+    ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, src / "broken.ipynb")
     proc = build_book(src, tmp_path / "out", timeout=600)
@@ -147,6 +158,7 @@ def test_cell_error_fails_the_build(tmp_path: Path):
 
 
 # --------------------------------------------------------------------------- browser checks
+
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
@@ -205,30 +217,40 @@ def test_page_loads_offline_and_charts_draw(name, site, browser, built_book, req
     page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: page_errors.append(str(e)))
     page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-    page.on("requestfailed", lambda r: failed.append(f"failed {r.url}") if urlparse(r.url).hostname == "127.0.0.1" else None)
+    page.on(
+        "requestfailed", lambda r: failed.append(f"failed {r.url}") if urlparse(r.url).hostname == "127.0.0.1" else None
+    )
 
     try:
         page.goto(f"{site}/{name}.html", wait_until="load")
         # MathJax typesets asynchronously; wait for it when the page has math.
-        page.evaluate("() => (window.MathJax && MathJax.startup && MathJax.startup.promise) "
-                      "? MathJax.startup.promise.then(() => true) : true")
+        page.evaluate(
+            "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) "
+            "? MathJax.startup.promise.then(() => true) : true"
+        )
         n_charts = page.locator(ALTAIR_DIV_SELECTOR).count()
         if n_charts:
             try:
                 page.wait_for_function(
-                    f"(s) => Array.from(document.querySelectorAll(s)).every(d => "
-                    f"d.querySelector('canvas, svg.marks') || d.querySelector('.error'))",
-                    arg=ALTAIR_DIV_SELECTOR, timeout=CHART_TIMEOUT_MS)
+                    "(s) => Array.from(document.querySelectorAll(s)).every(d => "
+                    "d.querySelector('canvas, svg.marks') || d.querySelector('.error'))",
+                    arg=ALTAIR_DIV_SELECTOR,
+                    timeout=CHART_TIMEOUT_MS,
+                )
             except Exception:
                 pass  # reported below, chart by chart
         page.wait_for_load_state("networkidle")
         charts = page.evaluate(CHARTS_DRAWN_JS, ALTAIR_DIV_SELECTOR)
-        math = page.evaluate("() => ({tex: document.querySelectorAll('.math').length, "
-                             "typeset: document.querySelectorAll('mjx-container').length})")
+        math = page.evaluate(
+            "() => ({tex: document.querySelectorAll('.math').length, "
+            "typeset: document.querySelectorAll('mjx-container').length})"
+        )
         if name == PAGES[0] or n_charts:
-            libs = page.evaluate("() => ({vega: window.vega && vega.version, "
-                                 "vegalite: window.vegaLite && vegaLite.version, "
-                                 "embed: window.vegaEmbed && vegaEmbed.version})")
+            libs = page.evaluate(
+                "() => ({vega: window.vega && vega.version, "
+                "vegalite: window.vegaLite && vegaLite.version, "
+                "embed: window.vegaEmbed && vegaEmbed.version})"
+            )
         else:
             libs = None
         shots = os.environ.get("BOOK_SCREENSHOTS")  # a folder: save a full-page PNG per page

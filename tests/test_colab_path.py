@@ -21,7 +21,9 @@ def test_wheel_is_installed_not_the_checkout(wheel_env: ColabEnv, tmp_path: Path
         "print(len(tb.trained_model('dates', device=__import__('torch').device('cpu')).task.test_dates))"
     )
     out = _run([wheel_env.python, "-c", code], cwd=tmp_path, env=wheel_env.env).stdout.split()
-    assert inside(out[0], wheel_env.site_packages), f"transformer_book came from {out[0]}, not {wheel_env.site_packages}"
+    assert inside(out[0], wheel_env.site_packages), (
+        f"transformer_book came from {out[0]}, not {wheel_env.site_packages}"
+    )
     assert not inside(out[0], REPO_ROOT), out[0]
     assert out[1] == "True", "the venv should hold only the package and what a notebook needs"
     assert out[2] == "1000", "the wheel must ship the dates checkpoint that trained_model() loads"

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from book_helpers import (
     BOOK_ROOT,
     NOTEBOOK_TIMES,
@@ -74,7 +73,7 @@ def test_setup_cell_installs_from_the_book_repository(notebook):
         f"{notebook}: the setup cell must try `import transformer_book` and install on ImportError:\n{src}"
     )
     found = PIP_GIT_URL.findall(src)
-    assert found, f"{notebook}: no `%pip install \"transformer-book @ git+URL\"` in the setup cell:\n{src}"
+    assert found, f'{notebook}: no `%pip install "transformer-book @ git+URL"` in the setup cell:\n{src}'
     assert {_normalise_url(u) for u in found} == {url}, (
         f"{notebook}: setup cell installs from {found}, but _config.yml repository.url is {url}"
     )

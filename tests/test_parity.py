@@ -59,7 +59,9 @@ def test_encoder_layer_and_stack_match_pytorch(norm_first):
     tokens = tokens_with_padding()
     mask = tb.padding_mask(tokens)
     x = torch.randn(*tokens.shape, D_MODEL)
-    torch.testing.assert_close(layer(x, mask), to_pytorch(layer).eval()(x, src_key_padding_mask=key_padding(mask)), **TOL)
+    torch.testing.assert_close(
+        layer(x, mask), to_pytorch(layer).eval()(x, src_key_padding_mask=key_padding(mask)), **TOL
+    )
     reference = to_pytorch(stack).eval()(x, src_key_padding_mask=key_padding(mask))
     torch.testing.assert_close(stack(x, mask), reference, **TOL)
     assert isinstance(stack.norm, nn.LayerNorm if norm_first else nn.Identity)
@@ -78,8 +80,12 @@ def test_decoder_layer_and_stack_match_pytorch(norm_first):
         tgt_key_padding_mask=key_padding(tb.padding_mask(tgt)),
         memory_key_padding_mask=key_padding(src_mask),
     )
-    torch.testing.assert_close(layer(x, memory, src_mask, tgt_mask), to_pytorch(layer).eval()(x, memory, **pytorch_masks), **TOL)
-    torch.testing.assert_close(stack(x, memory, src_mask, tgt_mask), to_pytorch(stack).eval()(x, memory, **pytorch_masks), **TOL)
+    torch.testing.assert_close(
+        layer(x, memory, src_mask, tgt_mask), to_pytorch(layer).eval()(x, memory, **pytorch_masks), **TOL
+    )
+    torch.testing.assert_close(
+        stack(x, memory, src_mask, tgt_mask), to_pytorch(stack).eval()(x, memory, **pytorch_masks), **TOL
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])

@@ -65,7 +65,10 @@ def test_dates_recipe_still_makes_the_shipped_checkpoint():
     """Retrained from scratch, the dates recipe reaches the target the shipped model claims."""
     shipped = tb.trained_model("dates", device=CPU)
     run = tb.train_recipe("dates", seed=shipped.seed, device=CPU)
-    print(f"\ndates: retrained {run.accuracy:.2%} after {run.steps} steps; shipped {shipped.accuracy:.2%} after {shipped.steps}")
+    print(
+        f"\ndates: retrained {run.accuracy:.2%} after {run.steps} steps; "
+        f"shipped {shipped.accuracy:.2%} after {shipped.steps}"
+    )
     assert run.accuracy >= run.recipe.target and shipped.accuracy >= shipped.recipe.target
 
 

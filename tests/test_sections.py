@@ -10,7 +10,6 @@ and the chapters need nothing but the installed package.
 from __future__ import annotations
 
 import pytest
-
 from book_helpers import REPO_ROOT
 from sections import FIRST_SEED, SectionRuns, book_sections
 from wheel_env import inside
@@ -31,7 +30,9 @@ def test_section_runs_alone(section, section_runs: SectionRuns):
         log = section_runs.logs / f"{section.id}.log"
         tail = log.read_text()[-3000:] if log.exists() else ""
         cell, setup = result.get("cell"), len(SETUPS[section.notebook])
-        where = "?" if cell is None else f"setup cell {cell + 1}" if cell < setup else f"its code cell {cell - setup + 1}"
+        where = (
+            "?" if cell is None else f"setup cell {cell + 1}" if cell < setup else f"its code cell {cell - setup + 1}"
+        )
         pytest.fail(
             f"{section.notebook}, section {section.index} ({section.title!r}) failed alone in {where} "
             f"with TRANSFORMER_BOOK_SEED={seed} ATEN_CPU_CAPABILITY=avx2:\n{result['error']}\n--- output ---\n{tail}"

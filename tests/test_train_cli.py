@@ -57,9 +57,22 @@ def test_two_processes_under_torchrun_match_one_process(tmp_path: Path, capsys: 
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "transformer_book.cli", *common, "--out", str(tmp_path / "two.pt")],
-        capture_output=True, text=True, env=env, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "transformer_book.cli",
+            *common,
+            "--out",
+            str(tmp_path / "two.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     two = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -68,8 +81,9 @@ def test_two_processes_under_torchrun_match_one_process(tmp_path: Path, capsys: 
     assert [r["step"] for r in two] == list(range(1, 13)) == [r["step"] for r in one]
     assert all(set(r) == METRIC_KEYS for r in one + two)
     assert {r["world_size"] for r in one} == {1} and {r["world_size"] for r in two} == {2}
-    torch.testing.assert_close(torch.tensor([r["loss"] for r in two]), torch.tensor([r["loss"] for r in one]),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        torch.tensor([r["loss"] for r in two]), torch.tensor([r["loss"] for r in one]), rtol=1e-5, atol=0
+    )
     assert [r["lr"] for r in two] == pytest.approx([r["lr"] for r in one], rel=1e-12)
 
     # The weights agree too, except the key biases: their true gradient is zero (softmax ignores a
@@ -86,8 +100,9 @@ def test_resume_gives_the_uninterrupted_run(tmp_path: Path, capsys: pytest.Captu
     first = run_here([*common, "--steps", "10", "--out", str(tmp_path / "half.pt")], capsys)
     half = torch.load(tmp_path / "half.pt", weights_only=True)
     assert half["step"] == 10
-    rest = run_here([*common, "--steps", "20", "--resume", str(tmp_path / "half.pt"), "--out", str(tmp_path / "resumed.pt")],
-                    capsys)
+    rest = run_here(
+        [*common, "--steps", "20", "--resume", str(tmp_path / "half.pt"), "--out", str(tmp_path / "resumed.pt")], capsys
+    )
 
     assert [r["step"] for r in first + rest] == [5, 10, 15, 20]
     # dropout is on, yet the losses repeat exactly: data and dropout are reseeded from (seed, step, rank)
@@ -109,7 +124,10 @@ def test_checkpoint_is_plain_data_that_loads_with_weights_only(tmp_path: Path, c
     assert state["args"]["d_model"] == state["model_config"]["d_model"] == 32
     copy = transformer_book.recipe("copy")  # options not given come from the task's recipe
     assert (state["args"]["warmup"], state["args"]["lr_factor"], state["args"]["clip_norm"]) == (
-        copy.warmup, copy.lr_factor, copy.clip_norm)
+        copy.warmup,
+        copy.lr_factor,
+        copy.clip_norm,
+    )
     assert state["schedule"]["last_epoch"] == 2
     assert all(isinstance(t, torch.Tensor) for t in state["model"].values())
     assert not (tmp_path / "c.pt.partial").exists()
@@ -133,18 +151,25 @@ def test_rank_losses_average_to_the_global_loss_with_uneven_padding() -> None:
     logits = torch.randn(4, 4, 8, generator=torch.Generator().manual_seed(0))
     loss_fn = LabelSmoothingLoss(8, 0.1)
     shards = [cli.shard(full, r, 2, pad_id=0) for r in range(2)]
-    per_rank = [loss_fn(logits[r * 2:(r + 1) * 2], shards[r].tgt_out) * cli.rank_loss_scale(shards[r], full.num_tokens, 2)
-                for r in range(2)]
+    per_rank = [
+        loss_fn(logits[r * 2 : (r + 1) * 2], shards[r].tgt_out) * cli.rank_loss_scale(shards[r], full.num_tokens, 2)
+        for r in range(2)
+    ]
     assert shards[0].num_tokens != shards[1].num_tokens
     torch.testing.assert_close(sum(per_rank) / 2, loss_fn(logits, full.tgt_out))
 
 
-def test_dates_task_and_bf16_autocast_run_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dates_task_and_bf16_autocast_run_on_the_cpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # two years of dates instead of a hundred keeps the vocabulary build quick
-    monkeypatch.setattr(transformer_book.recipes, "DateTask", lambda seed=0: DateTask(2000, 2001, held_out=50, seed=seed))
-    records = run_here(["--task", "dates", "--steps", "3", "--batch-size", "4", "--bf16", *TINY,
-                        "--out", str(tmp_path / "d.pt")], capsys)
+    monkeypatch.setattr(
+        transformer_book.recipes, "DateTask", lambda seed=0: DateTask(2000, 2001, held_out=50, seed=seed)
+    )
+    records = run_here(
+        ["--task", "dates", "--steps", "3", "--batch-size", "4", "--bf16", *TINY, "--out", str(tmp_path / "d.pt")],
+        capsys,
+    )
     assert [r["step"] for r in records] == [3]
     assert 0.0 < records[0]["loss"] < 10.0 and 0.0 <= records[0]["exact_match"] <= 1.0
 
@@ -162,15 +187,17 @@ def test_dates_task_and_bf16_autocast_run_on_the_cpu(tmp_path: Path, capsys: pyt
         (["--resume", "no/such/file.pt"], 1, "--resume=no/such/file.pt"),
     ],
 )
-def test_bad_arguments_raise_value_errors_naming_the_option(extra: list[str], world_size: int, message: str,
-                                                            tmp_path: Path) -> None:
+def test_bad_arguments_raise_value_errors_naming_the_option(
+    extra: list[str], world_size: int, message: str, tmp_path: Path
+) -> None:
     argv = ["--task", "copy", "--steps", "4", "--batch-size", "8", "--out", str(tmp_path / "x.pt"), *extra]
     with pytest.raises(ValueError, match=message):
         cli.parse_args(argv, world_size=world_size)
 
 
-def test_command_line_reports_errors_and_refuses_a_foreign_checkpoint(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture) -> None:
+def test_command_line_reports_errors_and_refuses_a_foreign_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     base = ["--task", "copy", "--batch-size", "4", *TINY, "--out", str(tmp_path / "c.pt")]
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*base, "--steps", "-1"])
@@ -188,8 +215,9 @@ def test_command_line_reports_errors_and_refuses_a_foreign_checkpoint(tmp_path: 
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "foreign", "not a dict"])
-def test_resume_refuses_a_file_that_is_not_this_trainers_checkpoint(damage: str, tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture) -> None:
+def test_resume_refuses_a_file_that_is_not_this_trainers_checkpoint(
+    damage: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     base = ["--task", "copy", "--batch-size", "4", *TINY, "--out", str(tmp_path / "c.pt")]
     run_here([*base, "--steps", "2"], capsys)
     bad = tmp_path / "bad.pt"

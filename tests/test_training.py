@@ -66,5 +66,3 @@ def test_noam_schedule_warms_up_then_decays():
     assert peak == 4000
     torch.testing.assert_close(torch.tensor(rates[3999]), torch.tensor(512**-0.5 * 4000**-0.5))
     assert rates[15999] == pytest.approx(rates[3999] / 2)  # 1/sqrt(step): 4x the steps, half the rate
-
-

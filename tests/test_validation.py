@@ -50,11 +50,26 @@ CASES = {
         r"tgt reaches position 16 .*\(1, 17\).*max_len=16",
     ),
     "empty batch": (lambda m: m(torch.ones(0, 5, dtype=torch.long), ids), r"src is empty: shape \(0, 5\)"),
-    "float token ids": (lambda m: m.src_embed(torch.ones(2, 3)), r"tokens must hold integer token ids, got dtype torch.float32 with shape \(2, 3\)"),
-    "tokens of the wrong rank": (lambda m: m.encode(torch.ones(5, dtype=torch.long)), r"src must have shape \(batch, seq\), got \(5\)"),
-    "features of the wrong width": (lambda m: attention()(torch.randn(2, 5, 8), x, x), r"query must have last dimension d_model=16, got shape \(2, 5, 8\)"),
-    "integer features": (lambda m: m.encoder(torch.ones(2, 5, 64, dtype=torch.long)), r"x must be a floating-point tensor, got dtype torch.int64"),
-    "key and value lengths differ": (lambda m: attention()(x, x, torch.randn(2, 4, 16)), r"key and value must share \(batch, len\), got key \(2, 5, 16\) and value \(2, 4, 16\)"),
+    "float token ids": (
+        lambda m: m.src_embed(torch.ones(2, 3)),
+        r"tokens must hold integer token ids, got dtype torch.float32 with shape \(2, 3\)",
+    ),
+    "tokens of the wrong rank": (
+        lambda m: m.encode(torch.ones(5, dtype=torch.long)),
+        r"src must have shape \(batch, seq\), got \(5\)",
+    ),
+    "features of the wrong width": (
+        lambda m: attention()(torch.randn(2, 5, 8), x, x),
+        r"query must have last dimension d_model=16, got shape \(2, 5, 8\)",
+    ),
+    "integer features": (
+        lambda m: m.encoder(torch.ones(2, 5, 64, dtype=torch.long)),
+        r"x must be a floating-point tensor, got dtype torch.int64",
+    ),
+    "key and value lengths differ": (
+        lambda m: attention()(x, x, torch.randn(2, 4, 16)),
+        r"key and value must share \(batch, len\), got key \(2, 5, 16\) and value \(2, 4, 16\)",
+    ),
     "query and key d_k differ": (
         lambda m: tb.scaled_dot_product_attention(torch.randn(3, 8), torch.randn(4, 6), torch.randn(4, 6)),
         r"query and key must share d_k, got query \(3, 8\) and key \(4, 6\)",
@@ -63,8 +78,14 @@ CASES = {
         lambda m: m.decode(torch.randn(3, 4, 64), None, ids),
         r"tgt \(2, 5\) and memory \(3, 4, 64\) must have the same batch size",
     ),
-    "dropout out of range": (lambda m: tb.MultiHeadAttention(16, 4, dropout=1.5), r"dropout must be in \[0, 1\), got 1.5"),
-    "shared embeddings with two vocabularies": (lambda m: tb.ModelConfig(11, 12, share_embeddings=True), r"src_vocab_size=11 and tgt_vocab_size=12"),
+    "dropout out of range": (
+        lambda m: tb.MultiHeadAttention(16, 4, dropout=1.5),
+        r"dropout must be in \[0, 1\), got 1.5",
+    ),
+    "shared embeddings with two vocabularies": (
+        lambda m: tb.ModelConfig(11, 12, share_embeddings=True),
+        r"src_vocab_size=11 and tgt_vocab_size=12",
+    ),
     "pad id outside the vocabulary": (lambda m: tb.ModelConfig(11, 11, pad_id=11), r"pad_id=11"),
     "positional offset beyond max_len": (
         lambda m: tb.PositionalEncoding(16, max_len=8)(torch.randn(1, 4, 16), offset=6),
@@ -74,8 +95,14 @@ CASES = {
         lambda m: tb.greedy_decode(m, ids, max_len=5, bos_id=1, eos_id=99),
         r"eos_id=99 is not an id of the target vocabulary \(size 11\)",
     ),
-    "decoding longer than max_len": (lambda m: tb.beam_search(m, ids, max_len=20, bos_id=1, eos_id=2), r"max_len=20 exceeds the model's max_len=16"),
-    "non-positive beam": (lambda m: tb.beam_search(m, ids, max_len=5, bos_id=1, eos_id=2, beam_size=0), r"beam_size must be a positive integer, got 0"),
+    "decoding longer than max_len": (
+        lambda m: tb.beam_search(m, ids, max_len=20, bos_id=1, eos_id=2),
+        r"max_len=20 exceeds the model's max_len=16",
+    ),
+    "non-positive beam": (
+        lambda m: tb.beam_search(m, ids, max_len=5, bos_id=1, eos_id=2, beam_size=0),
+        r"beam_size must be a positive integer, got 0",
+    ),
     "not a tensor": (lambda m: tb.padding_mask([[1, 2, 0]]), r"tokens must be a torch.Tensor, got list"),
     "causal mask of size 0": (lambda m: tb.causal_mask(0), r"size must be a positive integer, got 0"),
 }

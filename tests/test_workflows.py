@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from book_helpers import BUILD_ARGS, REPO_ROOT
 
 WORKFLOWS_DIR = REPO_ROOT / ".github" / "workflows"
@@ -35,6 +34,7 @@ MAIN_REF = "github.ref == 'refs/heads/main'"
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def _load(path: Path) -> dict:
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -84,8 +84,7 @@ def _stops_at_first_error(shell: str | None) -> bool:
     flags = tokens[1:-1]
     errexit = any(re.fullmatch(r"-[a-z]*e[a-z]*", t) for t in flags)
     pipefail = any(
-        re.fullmatch(r"-[a-z]*o", t) and i + 1 < len(flags) and flags[i + 1] == "pipefail"
-        for i, t in enumerate(flags)
+        re.fullmatch(r"-[a-z]*o", t) and i + 1 < len(flags) and flags[i + 1] == "pipefail" for i, t in enumerate(flags)
     )
     return errexit and pipefail
 
@@ -106,8 +105,12 @@ def _readme_command(word: str) -> str:
     """The one command in the README's bash blocks that mentions `word`."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```(?:bash|sh|shell)\n(.*?)```", readme, re.S)
-    lines = [line.strip() for block in blocks for line in block.splitlines()
-             if line.strip() and not line.strip().startswith("#") and word in line]
+    lines = [
+        line.strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.strip().startswith("#") and word in line
+    ]
     assert len(lines) == 1, f"expected one README command with {word!r}, found {lines}"
     return lines[0]
 
@@ -118,8 +121,11 @@ def _gpu_jobs():
 
 def _test_jobs():
     """Jobs with a step that runs pytest."""
-    return [(name, wf, job_id, job) for name, wf, job_id, job in _jobs()
-            if any("pytest" in (s.get("run") or "") for s in job.get("steps", []))]
+    return [
+        (name, wf, job_id, job)
+        for name, wf, job_id, job in _jobs()
+        if any("pytest" in (s.get("run") or "") for s in job.get("steps", []))
+    ]
 
 
 def _actionlint() -> str:
@@ -136,11 +142,15 @@ def _run_actionlint(files: list[Path], tmp_path: Path) -> subprocess.CompletedPr
     """actionlint with the repository's own configuration (as plain `actionlint` would find it)."""
     return subprocess.run(
         [_actionlint(), "-config-file", str(ACTIONLINT_CONFIG), *map(str, files)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
     )
 
 
 # --------------------------------------------------------------------------- lint
+
 
 def test_workflows_exist():
     assert WORKFLOW_FILES, f"no workflows in {WORKFLOWS_DIR}"
@@ -177,14 +187,19 @@ def test_actionlint_catches_a_broken_workflow(tmp_path: Path):
 
 # --------------------------------------------------------------------------- every job
 
+
 def test_every_run_step_is_bash_that_stops_at_the_first_error():
     bad = []
     for name, wf, job_id, job in _jobs():
         for i, step in enumerate(job.get("steps", [])):
             if "run" in step and not _stops_at_first_error(_shell(wf, job, step)):
-                bad.append(f"{name}:{job_id} step {i} ({step.get('name', step['run'][:40])!r}): "
-                           f"shell {_shell(wf, job, step)!r}")
-    assert not bad, "run steps must use `shell: bash -eo pipefail {0}` (e.g. via defaults.run.shell):\n" + "\n".join(bad)
+                bad.append(
+                    f"{name}:{job_id} step {i} ({step.get('name', step['run'][:40])!r}): "
+                    f"shell {_shell(wf, job, step)!r}"
+                )
+    assert not bad, "run steps must use `shell: bash -eo pipefail {0}` (e.g. via defaults.run.shell):\n" + "\n".join(
+        bad
+    )
 
 
 def test_every_action_is_pinned_to_a_commit():
@@ -192,7 +207,11 @@ def test_every_action_is_pinned_to_a_commit():
     for name, _, job_id, job in _jobs():
         for step in job.get("steps", []):
             uses = step.get("uses")
-            if uses and not uses.startswith(("./", "docker://")) and not re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", uses):
+            if (
+                uses
+                and not uses.startswith(("./", "docker://"))
+                and not re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", uses)
+            ):
                 bad.append(f"{name}:{job_id}: {uses}")
     assert not bad, "pin actions to a full commit SHA (with the tag in a comment):\n" + "\n".join(bad)
 
@@ -203,6 +222,7 @@ def test_every_job_has_a_timeout():
 
 
 # --------------------------------------------------------------------------- tests on CPU and GPU
+
 
 def test_cpu_job_runs_exactly_the_readme_test_command():
     command = _readme_command("pytest")
@@ -228,20 +248,23 @@ def test_gpu_job_runs_nvidia_smi_first_then_the_readme_command_on_cuda():
     test_index = next(i for i, s in enumerate(steps) if "pytest" in (s.get("run") or ""))
     assert _normalise(steps[test_index]["run"]) == command, f"{name}:{job_id}: runs {steps[test_index]['run']!r}"
     assert _env(wf, job, steps[test_index]).get(DEVICE_ENV) == "cuda", (
-        f"{name}:{job_id}: the tests must run with {DEVICE_ENV}=cuda")
+        f"{name}:{job_id}: the tests must run with {DEVICE_ENV}=cuda"
+    )
 
 
 def test_gpu_jobs_use_the_self_hosted_label_and_check_the_gpu_first():
     jobs = _gpu_jobs()
     assert len(jobs) >= 2, "expected the GPU test job and the weekly Colab job on the GPU runner"
-    for name, wf, job_id, job in jobs:
+    for name, _wf, job_id, job in jobs:
         assert _runs_on(job) == GPU_RUNS_ON, f"{name}:{job_id}: runs-on {_runs_on(job)}, expected {GPU_RUNS_ON}"
         first = job["steps"][0]
         assert _normalise(first.get("run") or "") == "nvidia-smi", (
-            f"{name}:{job_id}: the first step must be `run: nvidia-smi`, not {first}")
+            f"{name}:{job_id}: the first step must be `run: nvidia-smi`, not {first}"
+        )
 
 
 # --------------------------------------------------------------------------- the book
+
 
 def _deploy_jobs():
     return [(n, wf, j, job) for n, wf, j, job in _jobs() if _steps_using(job, "actions/deploy-pages")]
@@ -250,18 +273,23 @@ def _deploy_jobs():
 def test_book_job_builds_with_the_readme_command_and_keeps_failure_reports():
     build_command = _readme_command("jupyter-book")
     assert f"jupyter-book {' '.join(BUILD_ARGS)} ." in build_command, build_command
-    builders = [(n, wf, j, job) for n, wf, j, job in _jobs()
-                if any("jupyter-book build" in (s.get("run") or "") for s in job.get("steps", []))]
+    builders = [
+        (n, wf, j, job)
+        for n, wf, j, job in _jobs()
+        if any("jupyter-book build" in (s.get("run") or "") for s in job.get("steps", []))
+    ]
     assert len(builders) == 1, f"expected one job that builds the book, found {[(n, j) for n, _, j, _ in builders]}"
     name, wf, job_id, job = builders[0]
     runs = [_normalise(s["run"]) for s in job["steps"] if "jupyter-book build" in (s.get("run") or "")]
     assert runs == [build_command], f"{name}:{job_id} builds with {runs}, README says {build_command!r}"
     reports = _steps_using(job, "actions/upload-artifact")
-    assert any(s.get("if") == "failure()" and (s.get("with") or {}).get("path") == "_build/html/reports"
-               for s in reports), f"{name}:{job_id}: upload _build/html/reports with `if: failure()`"
+    assert any(
+        s.get("if") == "failure()" and (s.get("with") or {}).get("path") == "_build/html/reports" for s in reports
+    ), f"{name}:{job_id}: upload _build/html/reports with `if: failure()`"
     pages = _steps_using(job, "actions/upload-pages-artifact")
     assert len(pages) == 1 and (pages[0].get("with") or {}).get("path") == "_build/html", (
-        f"{name}:{job_id}: upload _build/html with actions/upload-pages-artifact")
+        f"{name}:{job_id}: upload _build/html with actions/upload-pages-artifact"
+    )
     assert MAIN_REF in _normalise(pages[0].get("if", "")), f"{name}:{job_id}: upload the site only from main"
 
 
@@ -271,7 +299,8 @@ def test_deploy_job_deploys_only_from_main():
     name, wf, job_id, job = deploy[0]
     condition = _normalise(str(job.get("if", "")))
     assert MAIN_REF in condition and "||" not in condition, (
-        f"{name}:{job_id}: `if:` must require {MAIN_REF} (and nothing that widens it): {condition!r}")
+        f"{name}:{job_id}: `if:` must require {MAIN_REF} (and nothing that widens it): {condition!r}"
+    )
     assert "github.event_name != 'pull_request'" in condition, f"{name}:{job_id}: never deploy from a pull request"
     assert job.get("permissions") == {"pages": "write", "id-token": "write"}, job.get("permissions")
     assert (job.get("environment") or {}).get("name") == "github-pages", job.get("environment")
@@ -281,6 +310,7 @@ def test_deploy_job_deploys_only_from_main():
 
 
 # --------------------------------------------------------------------------- weekly Colab
+
 
 def test_weekly_job_executes_the_chapters_in_colabs_runtime_on_the_gpu():
     scheduled = {n: wf for n, wf in WORKFLOWS.items() if isinstance(wf["on"], dict) and "schedule" in wf["on"]}

@@ -43,7 +43,9 @@ class ColabEnv:
 
 def _run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    )
     return proc
 
 
@@ -58,8 +60,11 @@ def _clean_env(venv: Path | None = None) -> dict[str, str]:
 
 def _constraints(dest: Path) -> Path:
     """requirements.txt's pins, minus the editable install of the repository."""
-    lines = [line for line in (REPO_ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()
-             if line.strip() and not line.lstrip().startswith(("#", "-e", "--editable", "."))]
+    lines = [
+        line
+        for line in (REPO_ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "-e", "--editable", "."))
+    ]
     dest.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return dest
 
@@ -74,11 +79,16 @@ def make_wheel_env(root: Path) -> ColabEnv:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (REPO_ROOT / name).exists():
             shutil.copy2(REPO_ROOT / name, source / name)
-    shutil.copytree(REPO_ROOT / "src", source / "src",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"))
+    shutil.copytree(
+        REPO_ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc")
+    )
     dist = root / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, source],
-         cwd=root, env=env, timeout=INSTALL_TIMEOUT_S)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, source],
+        cwd=root,
+        env=env,
+        timeout=INSTALL_TIMEOUT_S,
+    )
     wheels = sorted(dist.glob("transformer_book-*.whl"))
     assert len(wheels) == 1, f"expected one transformer_book wheel in {dist}: {list(dist.iterdir())}"
 
@@ -87,10 +97,27 @@ def make_wheel_env(root: Path) -> ColabEnv:
     _run([sys.executable, "-m", "venv", venv], cwd=root, env=env, timeout=INSTALL_TIMEOUT_S)
     python = venv / "bin" / "python"
     venv_env = _clean_env(venv)
-    _run([python, "-m", "pip", "install", "--quiet", "-c", _constraints(root / "constraints.txt"),
-          f"{wheels[0]}[book]", "ipykernel"], cwd=root, env=venv_env, timeout=INSTALL_TIMEOUT_S)
-    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     cwd=root, env=venv_env).stdout.strip())
+    _run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "-c",
+            _constraints(root / "constraints.txt"),
+            f"{wheels[0]}[book]",
+            "ipykernel",
+        ],
+        cwd=root,
+        env=venv_env,
+        timeout=INSTALL_TIMEOUT_S,
+    )
+    site = Path(
+        _run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root, env=venv_env
+        ).stdout.strip()
+    )
 
     return ColabEnv(venv, python, site, venv_env, time.perf_counter() - start)
 

@@ -61,7 +61,9 @@ def check_tokens(tokens: Tensor, name: str, vocab_size: int, max_len: int | None
             f"shape {shape_of(tokens)}"
         )
     if max_len is not None and tokens.shape[1] > max_len:
-        raise ValueError(f"{name} has {tokens.shape[1]} positions, more than max_len={max_len}; shape {shape_of(tokens)}")
+        raise ValueError(
+            f"{name} has {tokens.shape[1]} positions, more than max_len={max_len}; shape {shape_of(tokens)}"
+        )
 
 
 def check_mask(mask: Tensor | None, name: str, target: tuple[int, ...]) -> None:

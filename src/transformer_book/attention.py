@@ -9,8 +9,8 @@ Masks are boolean with True = "may attend", the convention of
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +39,15 @@ def scaled_dot_product_attention(
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         require_tensor(tensor, name)
         if tensor.dim() < 2 or not tensor.is_floating_point():
-            raise ValueError(f"{name} must be a floating tensor (..., len, features), got {tensor.dtype} {shape_of(tensor)}")
+            raise ValueError(
+                f"{name} must be a floating tensor (..., len, features), got {tensor.dtype} {shape_of(tensor)}"
+            )
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(f"query and key must share d_k, got query {shape_of(query)} and key {shape_of(key)}")
     if key.shape[-2] != value.shape[-2]:
-        raise ValueError(f"key and value must have the same length, got key {shape_of(key)} and value {shape_of(value)}")
+        raise ValueError(
+            f"key and value must have the same length, got key {shape_of(key)} and value {shape_of(value)}"
+        )
     check_probability(dropout_p, "dropout_p")
 
     d_k = query.shape[-1]
@@ -209,9 +213,13 @@ class MultiHeadAttention(nn.Module):
             check_features(key, "key", self.d_model)
             check_features(value, "value", self.d_model)
             if key.shape[:2] != value.shape[:2]:
-                raise ValueError(f"key and value must share (batch, len), got key {shape_of(key)} and value {shape_of(value)}")
+                raise ValueError(
+                    f"key and value must share (batch, len), got key {shape_of(key)} and value {shape_of(value)}"
+                )
             if key.shape[0] != query.shape[0]:
-                raise ValueError(f"query and key must share the batch size, got query {shape_of(query)} and key {shape_of(key)}")
+                raise ValueError(
+                    f"query and key must share the batch size, got query {shape_of(query)} and key {shape_of(key)}"
+                )
 
         if reuse_static:
             q = self.split_heads(self.q_proj(query))

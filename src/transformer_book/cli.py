@@ -43,9 +43,10 @@ import random
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,15 +65,42 @@ TASKS = tuple(RECIPES)
 
 # The arguments that define a run: a resumed run must be given the same values.
 # (--steps, --eval-every, --out and the world size may change on resume.)
-RUN_DEFINING = ("task", "batch_size", "d_model", "heads", "d_ff", "layers", "dropout", "warmup", "lr_factor",
-                "clip_norm", "seed", "bf16")
+RUN_DEFINING = (
+    "task",
+    "batch_size",
+    "d_model",
+    "heads",
+    "d_ff",
+    "layers",
+    "dropout",
+    "warmup",
+    "lr_factor",
+    "clip_norm",
+    "seed",
+    "bf16",
+)
 # Options whose default is the recipe's value: option dest -> Recipe field.
-FROM_RECIPE = {"steps": "max_steps", "batch_size": "batch_size", "d_model": "d_model", "heads": "num_heads",
-               "d_ff": "d_ff", "layers": "num_layers", "dropout": "dropout", "warmup": "warmup",
-               "lr_factor": "lr_factor", "clip_norm": "clip_norm", "eval_every": "eval_every"}
+FROM_RECIPE = {
+    "steps": "max_steps",
+    "batch_size": "batch_size",
+    "d_model": "d_model",
+    "heads": "num_heads",
+    "d_ff": "d_ff",
+    "layers": "num_layers",
+    "dropout": "dropout",
+    "warmup": "warmup",
+    "lr_factor": "lr_factor",
+    "clip_norm": "clip_norm",
+    "eval_every": "eval_every",
+}
 # ModelConfig's field names as the command line spells them, for its error messages.
-CONFIG_OPTIONS = {"d_model": "--d-model", "num_heads": "--heads", "d_ff": "--d-ff", "num_layers": "--layers",
-                  "dropout": "--dropout"}
+CONFIG_OPTIONS = {
+    "d_model": "--d-model",
+    "num_heads": "--heads",
+    "d_ff": "--d-ff",
+    "num_layers": "--layers",
+    "dropout": "--dropout",
+}
 
 
 # --- arguments -----------------------------------------------------------------------------
@@ -86,10 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Options not given take the task's recipe value (transformer_book.recipes.RECIPES).",
     )
     recipe_value = "default: the recipe's"
-    parser.add_argument("--task", choices=TASKS, required=True, help="copy: repeat the input; dates: French words to ISO")
+    parser.add_argument(
+        "--task", choices=TASKS, required=True, help="copy: repeat the input; dates: French words to ISO"
+    )
     parser.add_argument("--out", type=Path, required=True, help="checkpoint file written by rank 0")
-    parser.add_argument("--steps", type=int, help=f"train up to this step (a resumed run continues to it); {recipe_value} cap")
-    parser.add_argument("--batch-size", type=int, help=f"the global batch, split evenly over the processes; {recipe_value}")
+    parser.add_argument(
+        "--steps", type=int, help=f"train up to this step (a resumed run continues to it); {recipe_value} cap"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, help=f"the global batch, split evenly over the processes; {recipe_value}"
+    )
     parser.add_argument("--d-model", type=int, help=f"width of every layer; {recipe_value}")
     parser.add_argument("--heads", type=int, help=f"attention heads (must divide --d-model); {recipe_value}")
     parser.add_argument("--d-ff", type=int, help=f"inner width of the feed-forward blocks; {recipe_value}")
@@ -98,11 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, help=f"warm-up steps of the learning-rate schedule; {recipe_value}")
     parser.add_argument("--lr-factor", type=float, help=f"scale of the paper's learning-rate schedule; {recipe_value}")
     parser.add_argument("--clip-norm", type=float, help=f"largest gradient norm; 0 turns clipping off; {recipe_value}")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the weights, every batch and every dropout mask (default 0)")
-    parser.add_argument("--eval-every", type=int, help=f"evaluate (and checkpoint) every N steps, 0: at the end only; {recipe_value}")
-    parser.add_argument("--eval-size", type=int, default=None, help="evaluate on the first N held-out examples (default: all)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the weights, every batch and every dropout mask (default 0)"
+    )
+    parser.add_argument(
+        "--eval-every", type=int, help=f"evaluate (and checkpoint) every N steps, 0: at the end only; {recipe_value}"
+    )
+    parser.add_argument(
+        "--eval-size", type=int, default=None, help="evaluate on the first N held-out examples (default: all)"
+    )
     parser.add_argument("--resume", type=Path, default=None, help="checkpoint to continue from")
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (CUDA; also accepted on CPU, where it is slow)")
+    parser.add_argument(
+        "--bf16", action="store_true", help="bfloat16 autocast (CUDA; also accepted on CPU, where it is slow)"
+    )
     return parser
 
 
@@ -119,8 +161,15 @@ def fill_from_recipe(args: argparse.Namespace) -> Recipe:
 
 def model_config(args: argparse.Namespace, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
     """The run's ModelConfig (its checks raise ValueError naming the fields)."""
-    return ModelConfig.small(src_vocab_size, tgt_vocab_size, d_model=args.d_model, num_heads=args.heads,
-                             d_ff=args.d_ff, num_layers=args.layers, dropout=args.dropout)
+    return ModelConfig.small(
+        src_vocab_size,
+        tgt_vocab_size,
+        d_model=args.d_model,
+        num_heads=args.heads,
+        d_ff=args.d_ff,
+        num_layers=args.layers,
+        dropout=args.dropout,
+    )
 
 
 def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
@@ -201,8 +250,10 @@ def setup_processes(bf16: bool) -> ProcessInfo:
     if device.type == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if local_rank >= torch.cuda.device_count():
-            raise ValueError(f"LOCAL_RANK={local_rank} but this machine has {torch.cuda.device_count()} CUDA device(s); "
-                             "give torchrun at most that many --nproc_per_node")
+            raise ValueError(
+                f"LOCAL_RANK={local_rank} but this machine has {torch.cuda.device_count()} CUDA device(s); "
+                "give torchrun at most that many --nproc_per_node"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
@@ -244,7 +295,9 @@ def make_task(name: str, batch_size: int, seed: int, eval_size: int | None) -> T
     src, tgt = task.test_set()
     if eval_size is not None:
         src, tgt = src[:eval_size], tgt[:eval_size]
-    return TaskData(task.src_vocab_size, task.tgt_vocab_size, global_batch, src, tgt, task.bos_id, task.eos_id, task.pad_id)
+    return TaskData(
+        task.src_vocab_size, task.tgt_vocab_size, global_batch, src, tgt, task.bos_id, task.eos_id, task.pad_id
+    )
 
 
 def shard(batch: Batch, rank: int, world_size: int, pad_id: int) -> Batch:
@@ -254,8 +307,14 @@ def shard(batch: Batch, rank: int, world_size: int, pad_id: int) -> Batch:
         raise ValueError(f"batch size {size} is not divisible by world_size={world_size}")
     rows = slice(rank * size // world_size, (rank + 1) * size // world_size)
     tgt_out = batch.tgt_out[rows]
-    return Batch(batch.src[rows], batch.tgt_in[rows], tgt_out, batch.src_mask[rows], batch.tgt_mask[rows],
-                 num_tokens=int((tgt_out != pad_id).sum()))
+    return Batch(
+        batch.src[rows],
+        batch.tgt_in[rows],
+        tgt_out,
+        batch.src_mask[rows],
+        batch.tgt_mask[rows],
+        num_tokens=int((tgt_out != pad_id).sum()),
+    )
 
 
 # --- checkpoints ---------------------------------------------------------------------------
@@ -266,9 +325,17 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in RUN_DEFINING}
 
 
-def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    schedule: torch.optim.lr_scheduler.LRScheduler, step: int, elapsed: float,
-                    args: argparse.Namespace, config: ModelConfig, world_size: int) -> None:
+def save_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    step: int,
+    elapsed: float,
+    args: argparse.Namespace,
+    config: ModelConfig,
+    world_size: int,
+) -> None:
     """Write the checkpoint atomically (a temporary file, then a rename).
 
     Only tensors, dicts, lists and numbers, so ``torch.load(path, weights_only=True)``
@@ -318,8 +385,10 @@ def load_checkpoint(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         given, saved = getattr(args, name), state["args"].get(name)
         if given != saved:
             option = "--" + name.replace("_", "-")
-            raise ValueError(f"{option}={given} but the checkpoint {path} was trained with {option}={saved}; "
-                             "a resumed run must use the same settings")
+            raise ValueError(
+                f"{option}={given} but the checkpoint {path} was trained with {option}={saved}; "
+                "a resumed run must use the same settings"
+            )
     if state["step"] >= args.steps:
         raise ValueError(f"--steps={args.steps} but the checkpoint {path} is already at step {state['step']}")
     return state
@@ -367,15 +436,24 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         start_step, elapsed_before = state["step"], state["elapsed_s"]
-    wrapped: nn.Module = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None) \
-        if rt.distributed else model
+    wrapped: nn.Module = (
+        DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+        if rt.distributed
+        else model
+    )
     loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, RECIPES[args.task].smoothing, config.pad_id)
 
     record: dict[str, Any] = {}
     loss_sum, loss_steps = torch.zeros((), device=rt.device), 0
     started = time.perf_counter()
-    bar = tqdm(range(start_step + 1, args.steps + 1), initial=start_step, total=args.steps,
-               disable=not rt.is_main, desc=f"{args.task} ×{rt.world_size}", unit="step")
+    bar = tqdm(
+        range(start_step + 1, args.steps + 1),
+        initial=start_step,
+        total=args.steps,
+        disable=not rt.is_main,
+        desc=f"{args.task} ×{rt.world_size}",
+        unit="step",
+    )
     for step in bar:
         full = data.global_batch(step)  # identical on every rank
         part = shard(full, rt.rank, rt.world_size, config.pad_id).to(rt.device)

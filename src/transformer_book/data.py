@@ -17,8 +17,8 @@ import datetime as dt
 import functools
 import random
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -77,7 +77,7 @@ class Batch:
     num_tokens: int
 
     @classmethod
-    def from_pairs(cls, src: Tensor, tgt: Tensor, pad_id: int = 0) -> "Batch":
+    def from_pairs(cls, src: Tensor, tgt: Tensor, pad_id: int = 0) -> Batch:
         """``src (B, S)`` and the full target ``tgt (B, T + 1)`` (BOS … EOS, then padding)."""
         if src.dim() != 2 or tgt.dim() != 2 or src.shape[0] != tgt.shape[0] or tgt.shape[1] < 2:
             raise ValueError(
@@ -94,12 +94,21 @@ class Batch:
             num_tokens=int((tgt_out != pad_id).sum()),
         )
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), move(self.src_mask), move(self.tgt_mask), self.num_tokens)
+        return Batch(
+            move(self.src),
+            move(self.tgt_in),
+            move(self.tgt_out),
+            move(self.src_mask),
+            move(self.tgt_mask),
+            self.num_tokens,
+        )
 
 
-def copy_task_batch(batch_size: int, vocab_size: int = 11, length: int = 10, generator: torch.Generator | None = None) -> Batch:
+def copy_task_batch(
+    batch_size: int, vocab_size: int = 11, length: int = 10, generator: torch.Generator | None = None
+) -> Batch:
     """Random sequences whose target is themselves: ids in ``[1, vocab_size)``, the first one set to 1.
 
     Id 1 doubles as the start token, id 0 is padding (never drawn). There is no
@@ -143,12 +152,22 @@ class CopyTask:
 # --- dates ---------------------------------------------------------------------------------
 
 FRENCH_MONTHS = [
-    "janvier", "février", "mars", "avril", "mai", "juin",
-    "juillet", "août", "septembre", "octobre", "novembre", "décembre",
+    "janvier",
+    "février",
+    "mars",
+    "avril",
+    "mai",
+    "juin",
+    "juillet",
+    "août",
+    "septembre",
+    "octobre",
+    "novembre",
+    "décembre",
 ]
 
 
-@functools.lru_cache(maxsize=None)  # a few hundred distinct numbers, looked up tens of thousands of times
+@functools.cache  # a few hundred distinct numbers, looked up tens of thousands of times
 def french_words(number: int) -> str:
     """A number in French words, e.g. 71 → "soixante et onze" (via the num2words library)."""
     from num2words import num2words  # imported here: only the dates task needs it
@@ -200,14 +219,18 @@ class DateTask:
         for row, date in enumerate(dates):
             ids = self.src_vocab.encode(self.sources[date])
             src[row, : len(ids)] = torch.tensor(ids)
-            tgt[row] = torch.tensor([self.tgt_vocab.bos_id, *self.tgt_vocab.encode(list(date.isoformat())), self.tgt_vocab.eos_id])
+            tgt[row] = torch.tensor(
+                [self.tgt_vocab.bos_id, *self.tgt_vocab.encode(list(date.isoformat())), self.tgt_vocab.eos_id]
+            )
         return src, tgt
 
     def train_batch(self, batch_size: int, rng: random.Random | None = None) -> Batch:
         """A batch of training dates (never a held-out one), drawn with ``rng`` (a ``random.Random``)."""
         check_positive(batch_size, "batch_size")
         chooser = rng or random
-        return Batch.from_pairs(*self.encode(chooser.choices(self.train_dates, k=batch_size)), pad_id=self.src_vocab.pad_id)
+        return Batch.from_pairs(
+            *self.encode(chooser.choices(self.train_dates, k=batch_size)), pad_id=self.src_vocab.pad_id
+        )
 
     def test_set(self) -> tuple[Tensor, Tensor]:
         """The held-out dates, encoded: ``(held_out, src_len)`` and ``(held_out, 12)``."""

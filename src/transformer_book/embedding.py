@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor, nn
 
 from ._checks import check_positive, check_tokens

@@ -32,7 +32,9 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         check_features(x, "x", self.d_model)
-        x = sublayer_connection(x, lambda h: self.self_attn(h, h, h, mask)[0], self.norm1, self.dropout1, self.norm_first)
+        x = sublayer_connection(
+            x, lambda h: self.self_attn(h, h, h, mask)[0], self.norm1, self.dropout1, self.norm_first
+        )
         return sublayer_connection(x, self.feed_forward, self.norm2, self.dropout2, self.norm_first)
 
 

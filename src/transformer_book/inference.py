@@ -24,7 +24,9 @@ def _check_decoding_args(model: Transformer, src: Tensor, max_len: int, bos_id: 
         raise ValueError(f"max_len={max_len} exceeds the model's max_len={model.config.max_len}")
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
         if token is not None and not 0 <= token < model.config.tgt_vocab_size:
-            raise ValueError(f"{name}={token} is not an id of the target vocabulary (size {model.config.tgt_vocab_size})")
+            raise ValueError(
+                f"{name}={token} is not an id of the target vocabulary (size {model.config.tgt_vocab_size})"
+            )
 
 
 @torch.no_grad()
@@ -112,7 +114,7 @@ def beam_search(
     lengths = torch.ones(batch, k, device=device)  # tokens after BOS, EOS included
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
 
-    for step in range(max_len - 1):
+    for _step in range(max_len - 1):
         hidden = model.decode(memory, src_mask, ys[:, -1:], cache=cache)
         log_probs = model.generator(hidden[:, -1]).log_softmax(dim=-1).view(batch, k, vocab)
         # A finished hypothesis may only be continued by padding, at no cost.
@@ -121,7 +123,9 @@ def beam_search(
         log_probs = torch.where(finished.unsqueeze(-1), frozen, log_probs)
 
         candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)
-        candidate_lengths = (lengths + (~finished).float()).unsqueeze(-1).expand(batch, k, vocab).reshape(batch, k * vocab)
+        candidate_lengths = (
+            (lengths + (~finished).float()).unsqueeze(-1).expand(batch, k, vocab).reshape(batch, k * vocab)
+        )
         ranked = candidates / length_penalty(candidate_lengths, alpha)
         _, best = ranked.topk(k, dim=-1)  # (batch, k)
 

@@ -7,7 +7,7 @@ residual connection and a LayerNorm. The paper normalises after adding
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import Tensor, nn
 

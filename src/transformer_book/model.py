@@ -56,14 +56,14 @@ class ModelConfig:
         return self.d_model // self.num_heads
 
     @classmethod
-    def base(cls, vocab_size: int = 37000, **overrides) -> "ModelConfig":
+    def base(cls, vocab_size: int = 37000, **overrides) -> ModelConfig:
         """The paper's base model: 6 layers, d_model 512, 8 heads, d_ff 2048, one shared
         vocabulary (37,000 byte-pair tokens for English–German) tied across both embeddings
         and the output layer."""
         return replace(cls(vocab_size, vocab_size, share_embeddings=True), **overrides)
 
     @classmethod
-    def small(cls, src_vocab_size: int, tgt_vocab_size: int | None = None, **overrides) -> "ModelConfig":
+    def small(cls, src_vocab_size: int, tgt_vocab_size: int | None = None, **overrides) -> ModelConfig:
         """A model that trains in seconds to a minute on a laptop CPU: 2 layers, d_model 64, 4 heads."""
         config = cls(
             src_vocab_size,
@@ -146,7 +146,9 @@ class Transformer(nn.Module):
         x = self.positional(self.tgt_embed(tgt), offset=past)
         return self.decoder(x, memory, src_mask, tgt_mask, cache)
 
-    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
+    ) -> Tensor:
         """Logits ``(batch, tgt_len, tgt_vocab_size)``; a softmax over the last axis gives probabilities."""
         if src_mask is None:  # derived once, used by both encoder and decoder
             src_mask = padding_mask(src, self.config.pad_id)

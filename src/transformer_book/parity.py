@@ -72,7 +72,11 @@ def to_pytorch(module: nn.Module) -> nn.Module:
     """
     if isinstance(module, MultiHeadAttention):
         theirs = nn.MultiheadAttention(
-            module.d_model, module.num_heads, dropout=module.dropout, bias=module.q_proj.bias is not None, batch_first=True
+            module.d_model,
+            module.num_heads,
+            dropout=module.dropout,
+            bias=module.q_proj.bias is not None,
+            batch_first=True,
         )
         _copy_attention(module, theirs)
     elif isinstance(module, EncoderLayer):
@@ -95,12 +99,22 @@ def to_pytorch(module: nn.Module) -> nn.Module:
         with warnings.catch_warnings():  # its default stacks, replaced below, warn about nested tensors
             warnings.simplefilter("ignore", UserWarning)
             theirs = nn.Transformer(
-                c.d_model, c.num_heads, c.num_layers, c.num_layers, c.d_ff, c.dropout, batch_first=True, norm_first=c.norm_first
+                c.d_model,
+                c.num_heads,
+                c.num_layers,
+                c.num_layers,
+                c.d_ff,
+                c.dropout,
+                batch_first=True,
+                norm_first=c.norm_first,
             )
         # Assigned after construction: nn.Transformer re-initialises every matrix it holds when built.
         # Our stacks also keep post-norm exact (PyTorch's default stacks always end in a LayerNorm).
         theirs.encoder = to_pytorch(module.encoder)
         theirs.decoder = to_pytorch(module.decoder)
     else:
-        raise ValueError(f"module must be one of this package's attention, layer, stack or Transformer classes, got {type(module).__name__}")
+        raise ValueError(
+            "module must be one of this package's attention, layer, stack or Transformer classes, "
+            f"got {type(module).__name__}"
+        )
     return theirs.train(module.training)

@@ -19,7 +19,6 @@ import random
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Union
 
 import torch
 from torch import nn
@@ -34,7 +33,7 @@ from .model import ModelConfig, Transformer, make_model
 from .runtime import get_device, seed_everything
 from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer
 
-Task = Union[CopyTask, DateTask]
+Task = CopyTask | DateTask
 
 
 @dataclass(frozen=True)

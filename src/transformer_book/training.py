@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -44,7 +44,8 @@ class LabelSmoothingLoss(nn.Module):
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         if logits.shape[:-1] != target.shape or logits.shape[-1] != self.vocab_size:
             raise ValueError(
-                f"logits {shape_of(logits)} must be target {shape_of(target)} plus a last axis of vocab_size={self.vocab_size}"
+                f"logits {shape_of(logits)} must be target {shape_of(target)} "
+                f"plus a last axis of vocab_size={self.vocab_size}"
             )
         log_probs = logits.float().log_softmax(dim=-1)
         per_position = -(self.target_distribution(target) * log_probs).sum(dim=-1)
@@ -60,7 +61,9 @@ def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> floa
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def noam_optimizer(model: nn.Module, d_model: int, warmup: int, factor: float = 1.0) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
+def noam_optimizer(
+    model: nn.Module, d_model: int, warmup: int, factor: float = 1.0
+) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
     """Adam with the paper's betas (0.9, 0.98) and eps 1e-9, and the warm-up schedule above."""
     check_positive(warmup, "warmup")
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
@@ -148,7 +151,9 @@ def fit(
     # In a notebook a live bar redraws in place, but the built book keeps every redraw as a
     # line of its own: redraw rarely there, so the page shows a few lines, not hundreds.
     in_notebook = "ipykernel" in sys.modules
-    bar = tqdm(range(1, steps + 1), disable=not progress, desc="training", unit="step", mininterval=5.0 if in_notebook else 0.1)
+    bar = tqdm(
+        range(1, steps + 1), disable=not progress, desc="training", unit="step", mininterval=5.0 if in_notebook else 0.1
+    )
     for step in bar:
         batch = next_batch(step).to(device)
         loss, lr = train_step(model, batch, loss_fn, optimizer, schedule, clip_norm=clip_norm, bf16=bf16)

@@ -7,7 +7,7 @@ per cell, values rounded) so pages stay small.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 try:
     import altair as alt
@@ -84,7 +84,11 @@ def heatmap(
             x=x,
             y=y,
             color=alt.Color("value:Q", title=value_title, scale=alt.Scale(scheme=scheme)),
-            tooltip=[alt.Tooltip("row:N", title=y_title), alt.Tooltip("col:N", title=x_title), alt.Tooltip("value:Q", title=value_title, format=".4f")],
+            tooltip=[
+                alt.Tooltip("row:N", title=y_title),
+                alt.Tooltip("col:N", title=x_title),
+                alt.Tooltip("value:Q", title=value_title, format=".4f"),
+            ],
         )
         .properties(width=width, height=height)
     )

@@ -1,0 +1,43 @@
+"""ruff keeps the code clean: lint and format, over the package, tests, benchmarks, scripts and chapters.
+
+The configuration is pyproject.toml's `[tool.ruff]` (lines up to 120 characters) and
+chapters/ruff.toml (88 in the chapters, the width of the book's code column); ruff
+reads the notebooks' code cells itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from book_helpers import REPO_ROOT
+
+PATHS = ["src", "tests", "benchmarks", "scripts", "docs", "chapters"]
+
+
+def _ruff() -> str:
+    candidate = Path(sys.executable).with_name("ruff")
+    exe = str(candidate) if candidate.exists() else shutil.which("ruff")
+    assert exe, "ruff is not installed (bash scripts/setup.sh installs requirements.txt)"
+    return exe
+
+
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])
+def test_ruff(command: list[str]):
+    proc = subprocess.run([_ruff(), *command, *PATHS], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, f"ruff {' '.join(command)}:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+
+
+def test_ruff_would_catch_a_long_chapter_line(tmp_path: Path):
+    """The chapters' 88-character limit is in force (the check above is not vacuous)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("x = " + " + ".join(["1"] * 25) + "\n")  # 99 characters: fine at 120, not at 88
+    config = REPO_ROOT / "chapters" / "ruff.toml"
+    for extra, fails in (([], False), (["--config", str(config)], True)):
+        proc = subprocess.run([_ruff(), "check", *extra, "--select", "E501", str(probe)], capture_output=True,
+                              text=True, cwd=REPO_ROOT, timeout=60)  # fmt: skip
+        assert (proc.returncode != 0) == fails, proc.stdout
