@@ -47,3 +47,19 @@ def test_seed_everything_reproduces_a_model_and_its_output():
 def test_describe_environment_names_device_and_torch():
     text = tb.describe_environment(torch.device("cpu"))
     assert "device: cpu" in text and torch.__version__ in text
+
+
+def test_the_book_seed_comes_from_the_environment(monkeypatch):
+    from transformer_book.runtime import SEED_ENV
+
+    monkeypatch.delenv(SEED_ENV, raising=False)
+    assert tb.book_seed() == 0 and tb.seed_everything() == 0
+    monkeypatch.setenv(SEED_ENV, "17")
+    assert tb.seed_everything() == 17
+    first = torch.rand(3)
+    assert tb.seed_everything(17 + 1) == 18  # an explicit seed is used as given
+    tb.seed_everything()
+    torch.testing.assert_close(torch.rand(3), first, rtol=0, atol=0)
+    monkeypatch.setenv(SEED_ENV, "seventeen")
+    with pytest.raises(ValueError, match=SEED_ENV):
+        tb.book_seed()

@@ -59,14 +59,15 @@ def book_seed(default: int = 0) -> int:
         raise ValueError(f"{SEED_ENV}={text!r} is not an integer seed") from None
 
 
-def seed_everything(seed: int = 0) -> int:
+def seed_everything(seed: int | None = None) -> int:
     """Seed Python, NumPy and PyTorch (every device); returns the seed used.
 
-    ``TRANSFORMER_BOOK_SEED``, when set, replaces ``seed`` (see :func:`book_seed`), so
-    ``SEED = seed_everything()`` at the top of a chapter is the one place its randomness
-    comes from; explicit generators in the chapter are seeded with ``SEED + k``.
+    Without an argument the seed is :func:`book_seed`'s: 0, or ``TRANSFORMER_BOOK_SEED``
+    when it is set. So ``SEED = seed_everything()`` at the top of a chapter is the one
+    place its randomness comes from, and a later ``seed_everything(SEED + k)`` (or a
+    generator seeded with ``SEED + k``) derives from it. An explicit seed is used as given.
     """
-    seed = book_seed(seed)
+    seed = book_seed() if seed is None else seed
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds CUDA and MPS generators
