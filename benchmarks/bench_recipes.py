@@ -15,13 +15,15 @@ Prints a table per recipe and one JSON line per recipe, and writes everything to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from datetime import date
 
 import torch
-from common import machine, print_table, write_results
+from common import RESULTS_DIR, machine, print_table, write_results
 
 import transformer_book as tb
 
@@ -65,6 +67,18 @@ def summary(name: str, rows: list[dict]) -> dict:
     }
 
 
+def kept_results(rerun: list[str]) -> dict:
+    """The previous results of the recipes not run now, if they were made by today's recipe."""
+    path = RESULTS_DIR / "recipes.json"
+    if not path.exists():
+        return {}
+    previous = json.loads(path.read_text())["recipes"]
+    current = {name: dataclasses.asdict(r) for name, r in tb.RECIPES.items()}
+    return {
+        name: entry for name, entry in previous.items() if name not in rerun and entry["recipe"] == current.get(name)
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=sorted(tb.RECIPES), choices=sorted(tb.RECIPES))
@@ -73,7 +87,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="processes, each with one thread")
     args = parser.parse_args()
 
-    report = {"note": "each seed in a process of its own, one thread", "recipes": {}}
+    report = {"note": "each seed in a process of its own, one thread", "recipes": kept_results(args.recipes)}
     with ProcessPoolExecutor(args.workers) as pool:
         futures = {
             name: [pool.submit(run_seed, name, seed, args.stay) for seed in range(args.seeds)] for name in args.recipes
@@ -90,7 +104,8 @@ def main() -> int:
             )  # fmt: skip
             line = summary(name, rows)
             print(json.dumps(line))
-            report["recipes"][name] = {"summary": line, "seeds": rows, "recipe": tb.recipe(name).__dict__}
+            report["recipes"][name] = {"summary": line, "seeds": rows, "recipe": dataclasses.asdict(tb.recipe(name)),
+                                       "date": date.today().isoformat()}  # fmt: skip
     write_results("recipes", report)
     return 0 if all(r["summary"]["failures"] == 0 for r in report["recipes"].values()) else 1
 

@@ -21,7 +21,8 @@ from .encoder import Encoder, EncoderLayer
 from .inference import beam_search, greedy_decode, length_penalty
 from .layers import FeedForward, sublayer_connection
 from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
-from .model import ModelConfig, Transformer, count_parameters, make_model
+from .model import ModelConfig, Transformer, count_parameters, init_weights, make_model
+from .parity import to_pytorch
 from .positional import PositionalEncoding, sinusoidal_positional_encoding
 from .recipes import RECIPES, Recipe, TrainedModel, recipe, train_recipe, trained_model
 from .runtime import book_seed, describe_environment, get_device, glue, seed_everything
@@ -69,7 +70,9 @@ __all__ = [
     "glue",
     "greedy_decode",
     "length_penalty",
+    "init_weights",
     "make_model",
+    "to_pytorch",
     "padding_mask",
     "record_attention",
     "scaled_dot_product_attention",

@@ -157,12 +157,21 @@ class Transformer(nn.Module):
 
 
 def make_model(config: ModelConfig) -> Transformer:
-    """Build a :class:`Transformer` and initialise every matrix with Xavier (Glorot) uniform."""
-    model = Transformer(config)
-    for parameter in model.parameters():  # tied matrices appear once
+    """Build a :class:`Transformer` and initialise it with :func:`init_weights`."""
+    return init_weights(Transformer(config))
+
+
+def init_weights(module: nn.Module) -> nn.Module:
+    """Initialise every matrix of ``module`` with Xavier (Glorot) uniform, in place; returns it.
+
+    Vectors (biases, LayerNorm's gain and shift) keep PyTorch's defaults. Works on any
+    part of the model (an :class:`~transformer_book.encoder.Encoder`, a layer), so a chapter
+    can build and initialise just that part.
+    """
+    for parameter in module.parameters():  # tied matrices appear once
         if parameter.dim() > 1:
             nn.init.xavier_uniform_(parameter)
-    return model
+    return module
 
 
 def count_parameters(module: nn.Module) -> int:
