@@ -76,6 +76,7 @@ RUN_DEFINING = (
     "warmup",
     "lr_factor",
     "clip_norm",
+    "adam_eps",
     "seed",
     "bf16",
 )
@@ -91,6 +92,7 @@ FROM_RECIPE = {
     "warmup": "warmup",
     "lr_factor": "lr_factor",
     "clip_norm": "clip_norm",
+    "adam_eps": "adam_eps",
     "eval_every": "eval_every",
 }
 # ModelConfig's field names as the command line spells them, for its error messages.
@@ -132,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, help=f"warm-up steps of the learning-rate schedule; {recipe_value}")
     parser.add_argument("--lr-factor", type=float, help=f"scale of the paper's learning-rate schedule; {recipe_value}")
     parser.add_argument("--clip-norm", type=float, help=f"largest gradient norm; 0 turns clipping off; {recipe_value}")
+    parser.add_argument("--adam-eps", type=float, help=f"Adam's epsilon (the paper: 1e-9); {recipe_value}")
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds the weights, every batch and every dropout mask (default 0)"
     )
@@ -181,6 +184,8 @@ def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
     for name, value in {"--steps": args.steps, "--batch-size": args.batch_size, "--warmup": args.warmup}.items():
         if value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value}")
+    if not args.adam_eps > 0:
+        raise ValueError(f"--adam-eps must be a positive number, got {args.adam_eps}")
     try:
         model_config(args, 3, 3)
     except ValueError as error:
@@ -428,7 +433,7 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
     config = model_config(args, data.src_vocab_size, data.tgt_vocab_size)
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = make_model(config).to(rt.device)
-    optimizer, schedule = noam_optimizer(model, args.d_model, args.warmup, args.lr_factor)
+    optimizer, schedule = noam_optimizer(model, args.d_model, args.warmup, args.lr_factor, eps=args.adam_eps)
     start_step, elapsed_before = 0, 0.0
     if args.resume is not None:
         state = load_checkpoint(args.resume, args)

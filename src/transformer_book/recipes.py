@@ -46,6 +46,7 @@ class Recipe:
     warmup: int  # steps of linear warm-up of the paper's schedule
     lr_factor: float  # the schedule's scale c: peak rate c · d_model^-0.5 · warmup^-0.5
     clip_norm: float | None  # the largest gradient norm an update may use
+    adam_eps: float  # Adam's epsilon (the paper: 1e-9)
     max_steps: int  # the cap: a run that has not reached the target by then has failed
     eval_every: int  # steps between evaluations on the held-out set
     target: float  # exact match on the held-out set that counts as learned
@@ -68,7 +69,7 @@ class Recipe:
 
     def optimizer(self, model: nn.Module) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
         """Adam with the paper's warm-up schedule, scaled as this recipe says."""
-        return noam_optimizer(model, self.d_model, warmup=self.warmup, factor=self.lr_factor)
+        return noam_optimizer(model, self.d_model, warmup=self.warmup, factor=self.lr_factor, eps=self.adam_eps)
 
     def loss_fn(self, config: ModelConfig) -> LabelSmoothingLoss:
         return LabelSmoothingLoss(config.tgt_vocab_size, self.smoothing, config.pad_id)
@@ -76,11 +77,11 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "copy": Recipe(
-        task="copy", dropout=0.0, batch_size=256, warmup=200, lr_factor=0.5, clip_norm=1.0,
+        task="copy", dropout=0.0, batch_size=256, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-6,
         max_steps=1000, eval_every=50, target=1.0,
     ),
     "dates": Recipe(
-        task="dates", dropout=0.1, batch_size=128, warmup=200, lr_factor=0.5, clip_norm=1.0,
+        task="dates", dropout=0.1, batch_size=128, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-6,
         max_steps=800, eval_every=50, target=0.999,
     ),
 }  # fmt: skip

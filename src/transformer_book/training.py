@@ -62,11 +62,18 @@ def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> floa
 
 
 def noam_optimizer(
-    model: nn.Module, d_model: int, warmup: int, factor: float = 1.0
+    model: nn.Module, d_model: int, warmup: int, factor: float = 1.0, eps: float = 1e-9
 ) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
-    """Adam with the paper's betas (0.9, 0.98) and eps 1e-9, and the warm-up schedule above."""
+    """Adam with the paper's betas (0.9, 0.98) and eps (1e-9 unless given), and the warm-up schedule above.
+
+    Adam divides each update by ``sqrt(v) + eps``, ``v`` the recent mean squared gradient.
+    A parameter whose gradient is nothing but rounding noise (``v`` near 0) still moves by
+    about the learning rate at every step when ``eps`` is tiny; a larger ``eps`` damps it.
+    """
     check_positive(warmup, "warmup")
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    if not eps > 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=eps)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_rate(step + 1, d_model, warmup, factor))
     return optimizer, schedule
 
