@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from book_helpers import REPO_ROOT
 
 PATHS = ["src", "tests", "benchmarks", "scripts", "docs", "chapters"]
