@@ -55,6 +55,7 @@ class Recipe:
     num_heads: int = 4
     d_ff: int = 256
     num_layers: int = 2
+    norm_first: bool = False  # LayerNorm before each sublayer (pre-norm) instead of after it
 
     def make_task(self, seed: int = 0) -> Task:
         """The task with its held-out set drawn from ``seed``."""
@@ -64,7 +65,7 @@ class Recipe:
         """``ModelConfig.small`` with this recipe's sizes, for ``task``'s vocabularies."""
         return ModelConfig.small(
             task.src_vocab_size, task.tgt_vocab_size, d_model=self.d_model, num_heads=self.num_heads,
-            d_ff=self.d_ff, num_layers=self.num_layers, dropout=self.dropout,
+            d_ff=self.d_ff, num_layers=self.num_layers, dropout=self.dropout, norm_first=self.norm_first,
         )  # fmt: skip
 
     def optimizer(self, model: nn.Module) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
@@ -77,11 +78,11 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "copy": Recipe(
-        task="copy", dropout=0.0, batch_size=256, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-6,
+        task="copy", dropout=0.0, batch_size=256, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-9,
         max_steps=1000, eval_every=50, target=1.0,
     ),
     "dates": Recipe(
-        task="dates", dropout=0.1, batch_size=128, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-6,
+        task="dates", dropout=0.1, batch_size=128, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-9,
         max_steps=800, eval_every=50, target=0.999,
     ),
 }  # fmt: skip
