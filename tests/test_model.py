@@ -44,7 +44,7 @@ def test_forward_shapes_and_generator():
     src, tgt = torch.randint(1, 11, (4, 9)), torch.randint(1, 17, (4, 6))
     memory = model.encode(src)
     assert memory.shape == (4, 9, 64)
-    hidden = model.decode(memory, tb.padding_mask(src), tgt)
+    hidden = model.decode(memory, tgt, src_mask=tb.padding_mask(src))
     assert hidden.shape == (4, 6, 64)
     logits = model(src, tgt)
     assert logits.shape == (4, 6, 17)

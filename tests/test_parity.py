@@ -81,10 +81,14 @@ def test_decoder_layer_and_stack_match_pytorch(norm_first):
         memory_key_padding_mask=key_padding(src_mask),
     )
     torch.testing.assert_close(
-        layer(x, memory, src_mask, tgt_mask), to_pytorch(layer).eval()(x, memory, **pytorch_masks), **TOL
+        layer(x, memory, src_mask=src_mask, tgt_mask=tgt_mask),
+        to_pytorch(layer).eval()(x, memory, **pytorch_masks),
+        **TOL,
     )
     torch.testing.assert_close(
-        stack(x, memory, src_mask, tgt_mask), to_pytorch(stack).eval()(x, memory, **pytorch_masks), **TOL
+        stack(x, memory, src_mask=src_mask, tgt_mask=tgt_mask),
+        to_pytorch(stack).eval()(x, memory, **pytorch_masks),
+        **TOL,
     )
 
 
@@ -95,7 +99,7 @@ def test_whole_model_matches_nn_transformer(norm_first):
     theirs = to_pytorch(model).eval()
     src, tgt = tokens_with_padding(length=7), torch.randint(1, 20, (3, 5))
     src_mask = tb.padding_mask(src)
-    hidden = model.decode(model.encode(src), src_mask, tgt)
+    hidden = model.decode(model.encode(src), tgt, src_mask=src_mask)
     reference = theirs(
         model.positional(model.src_embed(src)),
         model.positional(model.tgt_embed(tgt)),

@@ -46,7 +46,7 @@ CASES = {
         r"src has 17 positions, more than max_len=16; shape \(1, 17\)",
     ),
     "target longer than max_len": (
-        lambda m: m.decode(torch.randn(1, 3, 64), None, torch.ones(1, 17, dtype=torch.long)),
+        lambda m: m.decode(torch.randn(1, 3, 64), torch.ones(1, 17, dtype=torch.long)),
         r"tgt reaches position 16 .*\(1, 17\).*max_len=16",
     ),
     "empty batch": (lambda m: m(torch.ones(0, 5, dtype=torch.long), ids), r"src is empty: shape \(0, 5\)"),
@@ -75,8 +75,12 @@ CASES = {
         r"query and key must share d_k, got query \(3, 8\) and key \(4, 6\)",
     ),
     "memory of another batch size": (
-        lambda m: m.decode(torch.randn(3, 4, 64), None, ids),
+        lambda m: m.decode(torch.randn(3, 4, 64), ids),
         r"tgt \(2, 5\) and memory \(3, 4, 64\) must have the same batch size",
+    ),
+    "masks swapped: the target's causal mask given as src_mask": (
+        lambda m: m.decode(torch.randn(2, 4, 64), ids, src_mask=tb.causal_mask(5), tgt_mask=tb.padding_mask(ids)),
+        r"src_mask with shape \(1, 5, 5\) does not broadcast to \(2, 5, 4\)",
     ),
     "dropout out of range": (
         lambda m: tb.MultiHeadAttention(16, 4, dropout=1.5),
@@ -117,3 +121,17 @@ def test_bad_input_raises_value_error_naming_argument_and_shape(case, model):
 
 def test_at_least_twelve_distinct_cases():
     assert len(CASES) >= 12
+
+
+def test_masks_cannot_be_passed_by_position(model):
+    """nn.TransformerDecoderLayer takes (tgt_mask, memory_mask) in that order; ours would take
+    (src_mask, tgt_mask): keyword-only masks make a silent swap impossible."""
+    memory, mask = torch.randn(2, 4, 64), tb.padding_mask(ids)
+    layer = model.decoder.layers[0]
+    for call in (
+        lambda: layer(torch.randn(2, 5, 64), memory, mask, tb.causal_mask(5)),
+        lambda: model.decoder(torch.randn(2, 5, 64), memory, mask, tb.causal_mask(5)),
+        lambda: model.decode(memory, mask, ids),
+    ):
+        with pytest.raises(TypeError, match="positional argument"):
+            call()

@@ -47,10 +47,13 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         memory: Tensor,
+        *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         cache: LayerCache | None = None,
     ) -> Tensor:
+        """Masks by keyword only: ``nn.TransformerDecoderLayer`` takes them in the other order
+        (``tgt_mask`` first), and two masks of the same shape would swap silently."""
         check_features(x, "x", self.d_model)
         check_features(memory, "memory", self.d_model)
         self_cache = cache.self_attn if cache is not None else None
@@ -84,11 +87,14 @@ class Decoder(nn.Module):
         self,
         x: Tensor,
         memory: Tensor,
+        *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         cache: list[LayerCache] | None = None,
     ) -> Tensor:
         """``x (batch, tgt_len, d_model)``, ``memory (batch, src_len, d_model)`` → ``(batch, tgt_len, d_model)``.
+
+        Masks by keyword only (see :class:`DecoderLayer`).
 
         With ``cache``, ``x`` holds only the new positions; keys and values of the
         earlier ones are read from the cache and the new ones appended to it.
@@ -96,5 +102,6 @@ class Decoder(nn.Module):
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache has {len(cache)} entries but the decoder has {len(self.layers)} layers")
         for index, layer in enumerate(self.layers):
-            x = layer(x, memory, src_mask, tgt_mask, cache[index] if cache is not None else None)
+            layer_cache = cache[index] if cache is not None else None
+            x = layer(x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=layer_cache)
         return self.norm(x)

@@ -113,12 +113,15 @@ class Transformer(nn.Module):
     def decode(
         self,
         memory: Tensor,
-        src_mask: Tensor | None,
         tgt: Tensor,
+        *,
+        src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         cache: list[LayerCache] | None = None,
     ) -> Tensor:
         """Decoder hidden states ``(batch, tgt_len, d_model)`` for target ids ``tgt (batch, tgt_len)``.
+
+        The masks are keyword-only, so the source and target masks cannot be swapped silently.
 
         ``src_mask`` (broadcastable to ``(batch, 1, src_len)``) hides padding in the
         memory; ``None`` lets every memory position be seen. ``tgt_mask`` defaults to
@@ -144,7 +147,7 @@ class Transformer(nn.Module):
         check_mask(tgt_mask, "tgt_mask", (batch, new, past + new))
         check_mask(src_mask, "src_mask", (batch, new, src_len))
         x = self.positional(self.tgt_embed(tgt), offset=past)
-        return self.decoder(x, memory, src_mask, tgt_mask, cache)
+        return self.decoder(x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache)
 
     def forward(
         self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
@@ -153,7 +156,7 @@ class Transformer(nn.Module):
         if src_mask is None:  # derived once, used by both encoder and decoder
             src_mask = padding_mask(src, self.config.pad_id)
         memory = self.encode(src, src_mask)
-        return self.generator(self.decode(memory, src_mask, tgt, tgt_mask))
+        return self.generator(self.decode(memory, tgt, src_mask=src_mask, tgt_mask=tgt_mask))
 
 
 def make_model(config: ModelConfig) -> Transformer:

@@ -167,7 +167,7 @@ def checkpoint_state(trained: TrainedModel) -> dict:
         "seed": trained.seed,
         "steps": trained.steps,
         "accuracy": trained.accuracy,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain string: weights_only loading refuses TorchVersion
     }
 
 
