@@ -29,6 +29,10 @@ import time
 import traceback
 from pathlib import Path
 
+# Python put this script's folder (the repository's tests/) first on sys.path: a reader's
+# kernel has nothing of the repository there, so neither do the sections.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
 # Imported once here, before any fork: the children inherit them already loaded.
 # Nothing here computes with torch, so no thread pool exists yet when we fork.
 import altair  # noqa: F401

@@ -24,8 +24,9 @@ from book_helpers import (
 
 TOC_NOTEBOOKS = toc_notebooks()
 
-# `%pip install ... "transformer-book @ git+<url>"`: the URL after git+.
-PIP_GIT_URL = re.compile(r"""%pip\s+install\b.*?transformer-book\s*@\s*git\+(?P<url>[^\s"'@#]+)""")
+# `%pip install ... "transformer-book[book] @ git+<url>"`: the URL after git+ (the book extra
+# brings the chart libraries the chapters draw with).
+PIP_GIT_URL = re.compile(r"""%pip\s+install\b.*?transformer-book\[book\]\s*@\s*git\+(?P<url>[^\s"'@#]+)""")
 
 
 def _normalise_url(url: str) -> str:
@@ -73,7 +74,7 @@ def test_setup_cell_installs_from_the_book_repository(notebook):
         f"{notebook}: the setup cell must try `import transformer_book` and install on ImportError:\n{src}"
     )
     found = PIP_GIT_URL.findall(src)
-    assert found, f'{notebook}: no `%pip install "transformer-book @ git+URL"` in the setup cell:\n{src}'
+    assert found, f'{notebook}: no `%pip install "transformer-book[book] @ git+URL"` in the setup cell:\n{src}'
     assert {_normalise_url(u) for u in found} == {url}, (
         f"{notebook}: setup cell installs from {found}, but _config.yml repository.url is {url}"
     )
