@@ -37,6 +37,9 @@ from wheel_env import ColabEnv, make_wheel_env
 # busy shared machine (the executions above run beside them) makes PyTorch's threads wait
 # on each other and a 10-second training test takes minutes.
 torch.set_num_threads(1)
+# The same for the two background executions: three streams of work share the cores, and
+# PyTorch's threads waiting on each other would cost more than they give.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _scratch = Path(tempfile.mkdtemp(prefix="transformer-book-tests-"))
 _pool = ThreadPoolExecutor(

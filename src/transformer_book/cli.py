@@ -9,7 +9,7 @@ Several processes (one per GPU, or several CPU processes talking over gloo)::
     torchrun --standalone --nproc_per_node=4 -m transformer_book.cli --task dates --out dates.pt
 
 Every option left out takes its value from the task's recipe
-(:data:`transformer_book.recipes.RECIPES`), the one the book's chapters train with;
+(``transformer_book.RECIPES``), the one the book's chapters train with;
 the training step itself is :func:`transformer_book.training.train_step`, the one
 ``fit`` runs.
 
@@ -178,7 +178,7 @@ def model_config(args: argparse.Namespace, src_vocab_size: int, tgt_vocab_size: 
 def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
     """Raise ``ValueError`` naming the option for a value the run cannot use.
 
-    The model's sizes are checked by :class:`ModelConfig` itself; its message is
+    The model's sizes are checked by :class:`~transformer_book.model.ModelConfig` itself; its message is
     translated to the options' names (``num_heads`` → ``--heads``).
     """
     for name, value in {"--steps": args.steps, "--batch-size": args.batch_size, "--warmup": args.warmup}.items():
