@@ -84,7 +84,11 @@ def _job(name: str, function: Callable | None = None) -> Future:
 
 
 def _needs(item: pytest.Item) -> set[str]:
-    return set(getattr(item, "fixturenames", ())) & set(JOBS)
+    """The background jobs a test waits for (through any fixture it uses, directly or not)."""
+    names = set(getattr(item, "fixturenames", ()))
+    if "built_book_output" in names:
+        names.add("built_book")
+    return names & set(JOBS)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
