@@ -9,7 +9,6 @@ tests/test_sections.py.
 from __future__ import annotations
 
 import dataclasses
-import io
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 import transformer_book as tb
-from transformer_book.recipes import CHECKPOINT_PACKAGE, checkpoint_digest, checkpoint_state, read_checkpoint
+from transformer_book.recipes import CHECKPOINT_PACKAGE, checkpoint_state, read_checkpoint
 
 CPU = torch.device("cpu")
 
@@ -100,8 +99,11 @@ def test_checkpoint_from_another_recipe_is_refused(checkpoint_copy: Path, monkey
 
 
 def test_checkpoint_holds_only_plain_values(checkpoint_copy: Path):
+    """Tensors, strings and numbers only: what ``torch.load(weights_only=True)`` accepts everywhere
+    (a ``TorchVersion`` once slipped in and made the file unreadable)."""
     state = torch.load(checkpoint_copy / "dates.pt", weights_only=True)
     assert set(state) == set(checkpoint_state(tb.trained_model("dates", device=CPU)))
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    assert checkpoint_digest(buffer.getvalue())  # it round-trips through torch.save
+    assert all(isinstance(t, torch.Tensor) for t in state["model"].values())
+    plain = (str, int, float, bool, type(None))
+    assert type(state["torch"]) is str and all(type(v) in plain for v in state["recipe"].values())
+    assert all(type(v) in plain for v in state["model_config"].values())
