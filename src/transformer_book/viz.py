@@ -7,7 +7,7 @@ per cell, values rounded) so pages stay small.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 try:
     import altair as alt
@@ -22,7 +22,7 @@ except ImportError as error:  # the model needs none of them; the charts need al
 import torch
 from torch import Tensor
 
-from ._checks import require_tensor, shape_of
+from ._checks import check_positive, require_tensor, shape_of
 
 
 def _labels(labels: Sequence[str] | None, size: int) -> list[str]:
@@ -31,6 +31,16 @@ def _labels(labels: Sequence[str] | None, size: int) -> list[str]:
     if len(labels) != size:
         raise ValueError(f"expected {size} labels, got {len(labels)}")
     return [str(label) for label in labels]
+
+
+def rounded_list(values: Tensor, decimals: int = 4) -> list:
+    """``values`` of any shape as nested Python lists of floats rounded to ``decimals``.
+
+    Rounds in float64, so a chart's JSON holds ``0.1234``, not the long tail of digits
+    that a float32 turned into a Python float keeps (``0.12340000271``).
+    """
+    require_tensor(values, "values")
+    return values.detach().double().cpu().round(decimals=decimals).tolist()
 
 
 def matrix_frame(
@@ -45,14 +55,14 @@ def matrix_frame(
         raise ValueError(f"matrix must be 2-D (rows, cols), got shape {shape_of(matrix)}")
     rows, cols = matrix.shape
     row_names, col_names = _labels(row_labels, rows), _labels(col_labels, cols)
-    values = matrix.detach().double().cpu().round(decimals=decimals)  # float64: 0.1234, not 0.12340000271
+    values = rounded_list(matrix.flatten(), decimals)
     return pd.DataFrame(
         {
             "row": [row_names[r] for r in range(rows) for _ in range(cols)],
             "col": [col_names[c] for _ in range(rows) for c in range(cols)],
             "row_index": [r for r in range(rows) for _ in range(cols)],
             "col_index": [c for _ in range(rows) for c in range(cols)],
-            "value": values.flatten().tolist(),
+            "value": values,
         }
     )
 
@@ -175,3 +185,49 @@ def mask_plot(
     ax.set_xlabel(x_title)
     ax.set_ylabel(y_title)
     return ax
+
+
+def formula_heatmap(
+    steps: Mapping[str, str],
+    rows: int,
+    cols: int,
+    title: str,
+    width: int = 640,
+    height: int = 250,
+    x_title: str = "column (dimension)",
+    y_title: str = "position",
+    domain: tuple[float, float] = (-1.0, 1.0),
+) -> alt.Chart:
+    """A ``(rows, cols)`` heatmap whose cells the browser computes; no table is shipped.
+
+    Each cell starts with fields ``p`` (its row, 0 on top) and ``c`` (its column);
+    ``steps`` are Vega expressions, run in order, each adding the field it is named after
+    (``{"angle": "datum.p * 0.5", "value": "sin(datum.angle)"}``). The last one must
+    be ``value``, the colour, on a red-blue scale over ``domain``. An expression may
+    name a chart parameter the caller adds with ``chart.add_params``.
+    """
+    check_positive(rows, "rows")
+    check_positive(cols, "cols")
+    if list(steps)[-1:] != ["value"]:
+        raise ValueError(f"steps must end with the field 'value', got {list(steps)}")
+    chart = alt.Chart(alt.sequence(0, rows * cols, as_="cell"), title=title)
+    chart = chart.transform_calculate(p=f"floor(datum.cell / {cols})", c=f"datum.cell % {cols}")
+    for name, expression in steps.items():
+        chart = chart.transform_calculate(**{name: expression})
+    chart = chart.transform_calculate(p_end="datum.p + 1", c_end="datum.c + 1")
+    return (
+        chart.mark_rect()
+        .encode(
+            x=alt.X("c:Q", title=x_title, scale=alt.Scale(domain=[0, cols], nice=False)),
+            x2="c_end:Q",
+            y=alt.Y("p:Q", title=y_title, scale=alt.Scale(domain=[0, rows], nice=False, reverse=True)),
+            y2="p_end:Q",
+            color=alt.Color("value:Q", title="value", scale=alt.Scale(scheme="redblue", domain=list(domain))),
+            tooltip=[
+                alt.Tooltip("p:Q", title=y_title),
+                alt.Tooltip("c:Q", title=x_title),
+                alt.Tooltip("value:Q", format=".4f"),
+            ],
+        )
+        .properties(width=width, height=height)
+    )
