@@ -7,6 +7,14 @@ cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
 
+# The browser side of chapter 10's live model: onnxruntime-web at the version package-lock.json
+# pins. The book build copies its files into the site (docs/_ext/live_model.py).
+if ! command -v npm >/dev/null 2>&1; then
+    echo "setup: npm is missing; install Node.js (20 or later) with npm to build the book" >&2
+    exit 1
+fi
+npm ci --no-audit --no-fund --loglevel=error
+
 if ! command -v chromium >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
         apt-get update -qq

@@ -10,6 +10,7 @@ Each module mirrors a chapter of The Executable Transformer:
 - ``data``, ``training`` — chapter 8, the copy and dates tasks, label smoothing, the schedule, the loop
 - ``recipes``     — chapter 8, one training recipe per task, and ``trained_model`` (shipped checkpoints)
 - ``inference``   — chapter 9, greedy decoding with a KV cache, beam search
+- ``export``      — chapter 10, the dates model as ONNX graphs for onnxruntime and the browser
 - ``runtime``     — device, seeding (``TRANSFORMER_BOOK_SEED``), versions
 """
 
@@ -18,6 +19,7 @@ from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
+from .export import DecoderGraph, EncoderGraph, OnnxExport, export_onnx, onnx_greedy_decode, onnx_sessions
 from .inference import beam_search, greedy_decode, length_penalty
 from .layers import FeedForward, sublayer_connection
 from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
@@ -54,6 +56,12 @@ __all__ = [
     "DecoderLayer",
     "Encoder",
     "EncoderLayer",
+    "EncoderGraph",
+    "DecoderGraph",
+    "OnnxExport",
+    "export_onnx",
+    "onnx_greedy_decode",
+    "onnx_sessions",
     "FeedForward",
     "KVCache",
     "LayerCache",
