@@ -78,20 +78,16 @@ class KVCache:
     def __init__(self, static: bool = False) -> None:
         self.static = static
         self.length = 0
+        # key/value: views of the first `length` positions of the buffers _key/_value.
+        self.key: Tensor | None = None
+        self.value: Tensor | None = None
         self._key: Tensor | None = None
         self._value: Tensor | None = None
-
-    @property
-    def key(self) -> Tensor | None:
-        return None if self._key is None else self._key[:, :, : self.length]
-
-    @property
-    def value(self) -> Tensor | None:
-        return None if self._value is None else self._value[:, :, : self.length]
 
     def store(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Keep ``key`` and ``value`` as they are (a static cache's one write); returns them."""
         self._key, self._value, self.length = key, value, key.shape[2]
+        self.key, self.value = key, value
         return key, value
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
@@ -108,6 +104,7 @@ class KVCache:
         self._key[:, :, self.length : end] = key
         self._value[:, :, self.length : end] = value
         self.length = end
+        self.key, self.value = self._key[:, :, :end], self._value[:, :, :end]
         return self.key, self.value
 
     def reorder(self, index: Tensor) -> None:
@@ -115,6 +112,7 @@ class KVCache:
         if self._key is not None:
             self._key = self._key.index_select(0, index)
             self._value = self._value.index_select(0, index)
+            self.key, self.value = self._key[:, :, : self.length], self._value[:, :, : self.length]
 
     def __repr__(self) -> str:
         shape = None if self._key is None else tuple(self.key.shape)
@@ -180,7 +178,8 @@ class MultiHeadAttention(nn.Module):
     def _packed_weights(self, which: str, projections: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
         params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
         # A parameter's _version counts its in-place changes (optimizer steps, load_state_dict).
-        stamp = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in params)
+        # (A move to another device or dtype gives new storage, so a new data_ptr.)
+        stamp = tuple((t.data_ptr(), t._version) for t in params)
         cached = self._packed_cache.get(which)
         if cached is None or cached[0] != stamp:
             weight = torch.cat([p.weight for p in projections]).detach()
@@ -208,7 +207,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         check_features(query, "query", self.d_model)
-        reuse_static = cache is not None and cache.static and cache.key is not None
+        reuse_static = cache is not None and cache.static and cache.length > 0
         if not reuse_static:
             check_features(key, "key", self.d_model)
             check_features(value, "value", self.d_model)

@@ -29,7 +29,7 @@ def _check_decoding_args(model: Transformer, src: Tensor, max_len: int, bos_id: 
             )
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_decode(
     model: Transformer,
     src: Tensor,
@@ -77,7 +77,7 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     model: Transformer,
     src: Tensor,

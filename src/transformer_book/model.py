@@ -142,8 +142,9 @@ class Transformer(nn.Module):
         if tgt_mask is None:
             if cache is None:
                 tgt_mask = target_mask(tgt, self.config.pad_id)
-            else:  # new positions see every cached one and, among themselves, only the past
+            elif new > 1:  # new positions see every cached one and, among themselves, only the past
                 tgt_mask = torch.ones(new, past + new, dtype=torch.bool, device=tgt.device).tril(past).unsqueeze(0)
+            # else one new position, which may see every cached one: no mask (the fused kernel is faster without)
         check_mask(tgt_mask, "tgt_mask", (batch, new, past + new))
         check_mask(src_mask, "src_mask", (batch, new, src_len))
         x = self.positional(self.tgt_embed(tgt), offset=past)
