@@ -51,3 +51,21 @@ def test_heatmap_titles_and_tooltips():
     assert chart["encoding"]["x"]["title"] == "x axis"
     assert chart["encoding"]["y"]["title"] == "y axis"
     assert {v["value"] for v in chart["datasets"][next(iter(chart["datasets"]))]} == {0.0, 3.1416}
+
+
+def test_attention_layers_chart_menus_and_cropping():
+    weights = torch.softmax(torch.randn(2, 3, 5), dim=-1)  # (heads, q_len, k_len)
+    one = viz.attention_heads_chart(weights, ["a", "b", "c"], list("vwxyz")).to_dict()
+    assert [p["name"] for p in one["params"]] == ["head"]
+    assert len(one["datasets"][next(iter(one["datasets"]))]) == 2 * 3 * 5
+    two = viz.attention_layers_chart(
+        [weights, weights], ["a", "b"], ["v", "w", "x"], "t", "queries", "keys", layer=1, head=1
+    ).to_dict()
+    assert [p["name"] for p in two["params"]] == ["layer", "head"]
+    assert [p["value"] for p in two["params"]] == [1, 1]
+    assert len(two["datasets"][next(iter(two["datasets"]))]) == 2 * 2 * 2 * 3  # cut to the labels
+    assert two["encoding"]["x"]["title"] == "keys" and two["encoding"]["y"]["title"] == "queries"
+    with pytest.raises(ValueError, match="out of range"):
+        viz.attention_layers_chart([weights], head=2)
+    with pytest.raises(ValueError, match="heads, q_len, k_len"):
+        viz.attention_layers_chart([weights[0]])

@@ -116,28 +116,56 @@ def attention_heads_chart(
 
     One row of the heatmap is one query; its cells (the keys) sum to 1.
     """
-    require_tensor(weights, "weights")
-    if weights.dim() != 3:
-        raise ValueError(f"weights must be (heads, q_len, k_len), got shape {shape_of(weights)}")
+    return attention_layers_chart([weights], query_labels, key_labels, title, width=width, height=height)
+
+
+def attention_layers_chart(
+    weights_by_layer: Sequence[Tensor],
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    title: str = "Attention weights",
+    y_title: str = "query (attending)",
+    x_title: str = "key (attended to)",
+    layer: int = 0,
+    head: int = 0,
+    width: int = 340,
+    height: int = 300,
+) -> alt.Chart:
+    """One heatmap of attention weights per layer and head, picked with a layer menu and a head slider.
+
+    ``weights_by_layer``: one tensor ``(heads, q_len, k_len)`` per layer (the menu appears
+    when there are several). Labels name the queries and keys; when given, the weights
+    are cut to ``(heads, len(query_labels), len(key_labels))``, so padded positions can be
+    left out. ``layer`` and ``head`` are the ones the chart opens on.
+    """
+    if len(weights_by_layer) == 0:
+        raise ValueError("weights_by_layer must hold at least one layer's weights")
     frames = []
-    for head in range(weights.shape[0]):
-        frame = matrix_frame(weights[head], query_labels, key_labels)
-        frame["head"] = head
-        frames.append(frame)
+    for layer_index, weights in enumerate(weights_by_layer):
+        require_tensor(weights, "weights")
+        if weights.dim() != 3:
+            raise ValueError(f"weights must be (heads, q_len, k_len), got shape {shape_of(weights)}")
+        rows = weights.shape[1] if query_labels is None else len(query_labels)
+        cols = weights.shape[2] if key_labels is None else len(key_labels)
+        for head_index in range(weights.shape[0]):
+            frame = matrix_frame(weights[head_index, :rows, :cols], query_labels, key_labels, decimals=3)
+            frames.append(frame.assign(layer=layer_index, head=head_index))
     data = pd.concat(frames, ignore_index=True)
-    head = alt.param(
-        name="head",
-        value=0,
-        bind=alt.binding_range(min=0, max=weights.shape[0] - 1, step=1, name="head "),
-    )
-    query_order = list(dict.fromkeys(data["row"]))
-    key_order = list(dict.fromkeys(data["col"]))
+    heads = int(data["head"].max()) + 1
+    if not (0 <= layer < len(weights_by_layer) and 0 <= head < heads):
+        raise ValueError(f"layer={layer}, head={head} out of range: {len(weights_by_layer)} layers, {heads} heads")
+    head_param = alt.param(name="head", value=head, bind=alt.binding_range(min=0, max=heads - 1, step=1, name="head "))
+    params, keep = [head_param], alt.datum.head == head_param
+    if len(weights_by_layer) > 1:
+        options = list(range(len(weights_by_layer)))
+        layer_param = alt.param(name="layer", value=layer, bind=alt.binding_select(options=options, name="layer "))
+        params, keep = [layer_param, head_param], (alt.datum.layer == layer_param) & keep
     return (
         alt.Chart(data, title=title)
         .mark_rect()
         .encode(
-            x=alt.X("col:N", sort=key_order, title="key (attended to)"),
-            y=alt.Y("row:N", sort=query_order, title="query (attending)"),
+            x=alt.X("col:N", sort=list(dict.fromkeys(data["col"])), title=x_title),
+            y=alt.Y("row:N", sort=list(dict.fromkeys(data["row"])), title=y_title),
             color=alt.Color("value:Q", title="weight", scale=alt.Scale(scheme="blues", domain=[0, 1])),
             tooltip=[
                 alt.Tooltip("head:Q"),
@@ -146,8 +174,8 @@ def attention_heads_chart(
                 alt.Tooltip("value:Q", title="weight", format=".3f"),
             ],
         )
-        .add_params(head)
-        .transform_filter(alt.datum.head == head)
+        .add_params(*params)
+        .transform_filter(keep)
         .properties(width=width, height=height)
     )
 
