@@ -53,7 +53,7 @@ def test_files_small_and_tokenizer_from_the_task(trained, exported):
     for name, info in spec["files"].items():
         assert (exported.folder / name).stat().st_size == info["bytes"]
     for example in spec["examples"]:  # held-out dates, never trained on
-        assert tuple(example.split()) in {tuple(task.sources[d]) for d in task.test_dates}
+        assert tuple(split_words(example)) in {tuple(task.sources[d]) for d in task.test_dates}
 
 
 def test_graphs_give_pytorchs_memory_and_logits(trained, exported, sessions):

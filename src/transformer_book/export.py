@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import record_attention
-from .data import DateTask
+from .data import DateTask, date_to_french
 from .model import Transformer
 from .recipes import TrainedModel
 
@@ -150,7 +150,7 @@ def tokenizer_spec(trained: TrainedModel) -> dict:
         "seed": trained.seed,
         "steps": trained.steps,
         "accuracy": trained.accuracy,
-        "examples": [" ".join(task.sources[d]) for d in task.test_dates[:4]],
+        "examples": [date_to_french(d) for d in task.test_dates[:4]],  # as a reader writes them
     }
 
 
