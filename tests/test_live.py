@@ -90,6 +90,9 @@ def run_session(site_url: str, chromium, trained: tb.TrainedModel, dates: int = 
         report["start_to_first_ms"] = page.evaluate("() => window.liveDates.timings.startToFirstMs")
         report["after_start"] = dict(page.evaluate(RESOURCES_JS))
         count = int(page.get_attribute("#live-dates", "data-translations"))
+        count += 1  # known words in an order no date has: a guess, not a message
+        _submit(page, "mai mai mai", count)
+        report["nonsense"] = (page.get_attribute("#live-dates", "data-state"), page.evaluate(READ_RESULT_JS)["ids"])
         last = f"decoder.layers.{model.config.num_layers - 1}.cross_attn"
         for date in task.test_dates[:dates]:
             words = task.sources[date]
@@ -154,6 +157,9 @@ def test_live_model_translates_like_the_package(site, browser, built_book: Path,
 
     assert not report["mismatches"], report["mismatches"]
     assert report["worst_weight_gap"] <= 1e-4, report["worst_weight_gap"]
+
+    state, ids = report["nonsense"]
+    assert state == "done" and len(ids) > 1, report["nonsense"]
 
     messages = report["messages"]
     for name, (state, visible, text) in messages.items():
