@@ -211,11 +211,12 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
         encoder = EncoderGraph(model, spec["src_len"]).eval()
         decoder = DecoderGraph(model, spec["decoder_len"]).eval()
         memory = encoder(src).detach()
-        # Grad mode stays on: under no_grad the attention takes an inference-only path
-        # (weights packed once and cached) that torch.export cannot trace.
-        _export_graph(encoder, (src,), ["src"], ["memory"], folder / ENCODER_FILE)
-        _export_graph(decoder, (memory, src, tgt), ["memory", "src", "tgt"], ["logits", "cross_attention"],
-                      folder / DECODER_FILE)  # fmt: skip
+        # Grad mode on, even inside a caller's no_grad: without it the attention takes an
+        # inference-only path (weights packed once and cached) that torch.export cannot trace.
+        with torch.enable_grad():
+            _export_graph(encoder, (src,), ["src"], ["memory"], folder / ENCODER_FILE)
+            _export_graph(decoder, (memory, src, tgt), ["memory", "src", "tgt"], ["logits", "cross_attention"],
+                          folder / DECODER_FILE)  # fmt: skip
     finally:
         model.to(device).train(was_training)
     for name in (ENCODER_FILE, DECODER_FILE):
