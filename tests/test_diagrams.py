@@ -20,7 +20,7 @@ EXAMPLES = {
     "qkv_scores": lambda: diagrams.qkv_scores(4, 512, 64),
     "split_heads": lambda: diagrams.split_heads(2, 5, 512, 8),
     "mask_grids": lambda: diagrams.mask_grids([5, 3], 6),
-    "sublayer_connection": diagrams.sublayer_connection,
+    "residual_sublayer": diagrams.residual_sublayer,
     "three_attentions": lambda: diagrams.three_attentions(4, 3),
     "shifted_target": lambda: diagrams.shifted_target(list("2026")),
     "kv_cache_steps": lambda: diagrams.kv_cache_steps(4),

@@ -380,7 +380,7 @@ def mask_grids(lengths: Sequence[int], size: int) -> Diagram:
     return c.render(20 + len(panels) * (size * cell + 40), 30 + size * cell + 30, "Padding and causal masks", alt)
 
 
-def sublayer_connection() -> Diagram:
+def residual_sublayer() -> Diagram:
     """Chapter 6: the residual + LayerNorm sublayer, post-norm (the paper) and pre-norm side by side."""
     c = Canvas()
     for k, (title, order) in enumerate(
