@@ -54,7 +54,7 @@ MAX_MODEL_BYTES = 1_000_000
 
 
 def split_source(text: str) -> list[str]:
-    """``text`` cut into source words with :data:`SOURCE_SPLIT` (what the page does)."""
+    """``text`` cut into source words with ``SOURCE_SPLIT`` (what the page does)."""
     return [word for word in re.split(SOURCE_SPLIT, text) if word]
 
 
