@@ -113,3 +113,12 @@ def test_chapter_ends_with_three_exercises_and_a_solution_for_each(notebook):
     # the solutions come after every exercise, so a plain notebook view does not show one under its exercise
     last_exercise = max(i for i, c in enumerate(cells) if c.cell_type == "markdown" and EXERCISE.search(c.source))
     assert last_exercise < min(starts), f"{notebook}: a solution comes before the last exercise"
+
+
+def test_the_introduction_lists_every_chapter():
+    intro = (BOOK_ROOT / "intro.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\((chapters/\d\d_\w+)\.ipynb\)", intro))
+    on_disk = {
+        p.relative_to(BOOK_ROOT).with_suffix("").as_posix() for p in (BOOK_ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")
+    }
+    assert on_disk <= linked, f"chapters missing from the introduction's table: {sorted(on_disk - linked)}"
