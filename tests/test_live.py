@@ -10,12 +10,14 @@ and nothing may reach the console as an error.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
 import pytest
 import torch
+from book_helpers import REPO_ROOT
 from test_book import browser, site  # noqa: F401  (fixtures: the built site on 127.0.0.1, Chromium)
 
 import transformer_book as tb
@@ -137,9 +139,10 @@ def trained() -> tb.TrainedModel:
 
 def test_live_model_translates_like_the_package(site, browser, built_book: Path, trained):  # noqa: F811
     report = run_session(site, browser, trained)
+    first, other = report["first_load"], report["other_page_load"]
     print(
-        f"start to first translation {report['start_to_first_ms']:.0f} ms; "
-        f"first load {sum(report['first_load'].values()):,} bytes; "
+        f"start to first translation {report['start_to_first_ms']:.0f} ms; first load {sum(first.values()):,} bytes "
+        f"(another page: {sum(other.values()):,}); after start {sum(report['after_start'].values()):,} bytes; "
         f"worst heatmap weight gap {report['worst_weight_gap']:.1e} over {DATES} dates"
     )
     assert not report["outside"], f"requests left localhost: {report['outside']}"
@@ -147,9 +150,8 @@ def test_live_model_translates_like_the_package(site, browser, built_book: Path,
     assert not report["failed"], report["failed"]
 
     # Nothing heavy before the reader asks: no runtime, no model in the first load.
-    first = report["first_load"]
     assert not [url for url in first if "/_static/live/ort/" in url or "/_static/live/model/" in url], first
-    shared = {url.split("?")[0] for url in report["other_page_load"]}
+    shared = {url.split("?")[0] for url in other}
     extra = {url: size for url, size in first.items() if url.split("?")[0] not in shared and not url.endswith(".html")}
     assert sum(extra.values()) <= EXTRA_FIRST_LOAD_MAX_BYTES, extra
     fetched = [url for url in report["after_start"] if "/_static/live/" in url]
@@ -183,3 +185,17 @@ def test_live_files_only_where_needed(built_book: Path, trained):
     assert (spec["steps"], spec["accuracy"]) == (trained.steps, trained.accuracy)  # made from the shipped checkpoint
     assert (live / "ort" / "ort-wasm-simd-threaded.wasm").stat().st_size > 1_000_000
     assert sum(info["bytes"] for info in spec["files"].values()) <= tb.export.MAX_MODEL_BYTES
+
+
+def test_build_fails_without_onnxruntime_web(tmp_path: Path):
+    """A book root without node_modules/ gets an error that says what to run, not a page that cannot start."""
+    from sphinx.errors import ExtensionError
+
+    sys.path.insert(0, str(REPO_ROOT / "docs" / "_ext"))
+    try:
+        import live_model
+    finally:
+        sys.path.remove(str(REPO_ROOT / "docs" / "_ext"))
+    with pytest.raises(ExtensionError, match="npm ci"):
+        live_model.ort_sources(tmp_path)
+    assert [p.name for p in live_model.ort_sources(REPO_ROOT)] == list(live_model.ORT_FILES)
