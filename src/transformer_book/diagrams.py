@@ -46,7 +46,13 @@ STYLE = (
     ".tbd .frame{fill:none;stroke:currentColor;stroke-dasharray:6 4;opacity:.6}"
     ".tbd .dim{opacity:.35}"
     f".tbd .hl{{stroke:{ACCENT};stroke-width:3}}.tbd .hlt{{fill:{ACCENT};font-weight:bold}}"
-    ".tbd .edge.hl{stroke-dasharray:5 3}" + _FILLS + _DARK
+    ".tbd .edge.hl{stroke-dasharray:5 3}"
+    + _FILLS
+    + _DARK
+    # In dark mode the book shows HTML outputs on a light panel; a diagram brings its own dark ground.
+    + "html[data-theme=dark] .tbd{color:#ced6dd}"
+    "html[data-theme=dark] .tbd-figure{background:#14181e;border-radius:6px;padding:6px}"
+    "html[data-theme=dark] div.output:has(.tbd-figure){background:transparent}"
 )
 
 
