@@ -95,7 +95,10 @@ def test_two_processes_under_torchrun_match_one_process(tmp_path: Path, capsys: 
 
 
 def test_resume_gives_the_uninterrupted_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    common = ["--task", "copy", "--batch-size", "8", "--dropout", "0.1", "--eval-every", "5", *TINY]
+    # A run of 10 steps stands in for one interrupted at step 10, so the schedule must not end
+    # at --steps (--no-taper); the average is kept and saved, and must resume exactly too.
+    common = ["--task", "copy", "--batch-size", "8", "--dropout", "0.1", "--eval-every", "5", "--no-taper",
+              "--average", "0.9", *TINY]  # fmt: skip
     whole = run_here([*common, "--steps", "20", "--out", str(tmp_path / "whole.pt")], capsys)
     first = run_here([*common, "--steps", "10", "--out", str(tmp_path / "half.pt")], capsys)
     half = torch.load(tmp_path / "half.pt", weights_only=True)
@@ -113,14 +116,21 @@ def test_resume_gives_the_uninterrupted_run(tmp_path: Path, capsys: pytest.Captu
     b = torch.load(tmp_path / "resumed.pt", weights_only=True)
     torch.testing.assert_close(b["model"], a["model"], rtol=0, atol=0)
     torch.testing.assert_close(b["optimizer"]["state"], a["optimizer"]["state"], rtol=0, atol=0)
+    torch.testing.assert_close(b["average"], a["average"], rtol=0, atol=0)
+    assert int(a["average"]["n_averaged"]) == 20  # one update of the average per step
     assert b["schedule"] == a["schedule"] and b["step"] == a["step"] == 20
 
 
 def test_checkpoint_is_plain_data_that_loads_with_weights_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run_here(["--task", "copy", "--steps", "2", "--batch-size", "4", *TINY, "--out", str(tmp_path / "c.pt")], capsys)
     state = torch.load(tmp_path / "c.pt", weights_only=True)
-    assert set(state) == {"model", "optimizer", "schedule", "step", "elapsed_s", "args", "model_config", "world_size"}
+    assert set(state) == cli.CHECKPOINT_KEYS == {
+        "model", "average", "optimizer", "schedule", "step", "elapsed_s", "args", "model_config", "world_size"
+    }  # fmt: skip
     assert state["step"] == 2 and state["world_size"] == 1
+    # the recipe keeps an average of the weights: saved beside them, as plain tensors
+    assert state["args"]["average"] == transformer_book.recipe("copy").average
+    assert {f"module.{name}" for name in state["model"]} <= set(state["average"])
     assert state["args"]["d_model"] == state["model_config"]["d_model"] == 32
     copy = transformer_book.recipe("copy")  # options not given come from the task's recipe
     assert (state["args"]["warmup"], state["args"]["lr_factor"], state["args"]["clip_norm"]) == (
@@ -184,6 +194,7 @@ def test_dates_task_and_bf16_autocast_run_on_the_cpu(
         (["--dropout", "1.0"], 1, "--dropout must be in"),
         (["--lr-factor", "-1"], 1, "--lr-factor"),
         (["--eval-every", "-5"], 1, "--eval-every"),
+        (["--average", "1.5"], 1, "--average must be 0 \\(none\\) or a decay in \\(0, 1\\), got 1.5"),
         (["--resume", "no/such/file.pt"], 1, "--resume=no/such/file.pt"),
     ],
 )
@@ -212,6 +223,8 @@ def test_command_line_reports_errors_and_refuses_a_foreign_checkpoint(
     assert "--d-model=64 but the checkpoint" in capsys.readouterr().err
     assert cli.main([*base, "--steps", "2", *resume]) == 2
     assert "already at step 2" in capsys.readouterr().err
+    assert cli.main([*base, "--steps", "4", *resume]) == 2  # the taper ends the schedule at --steps=2
+    assert "--steps (with --taper)=4 but the checkpoint" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "foreign", "not a dict"])

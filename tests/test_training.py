@@ -66,3 +66,50 @@ def test_noam_schedule_warms_up_then_decays():
     assert peak == 4000
     torch.testing.assert_close(torch.tensor(rates[3999]), torch.tensor(512**-0.5 * 4000**-0.5))
     assert rates[15999] == pytest.approx(rates[3999] / 2)  # 1/sqrt(step): 4x the steps, half the rate
+
+
+def test_taper_takes_the_rate_to_zero_at_the_last_step():
+    for step in (1, 200, 500, 999):
+        tapered = tb.noam_rate(step, 64, 200, 0.5, total_steps=1000)
+        assert tapered == pytest.approx(tb.noam_rate(step, 64, 200, 0.5) * (1 - step / 1000))
+    assert tb.noam_rate(1000, 64, 200, 0.5, total_steps=1000) == 0.0
+    model = tb.make_model(tb.ModelConfig.small(11))
+    optimizer, schedule = tb.noam_optimizer(model, 64, 10, total_steps=20)
+    rates = []
+    for _ in range(20):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates[0] > 0 and rates[-1] == pytest.approx(tb.noam_rate(20, 64, 10, total_steps=20))
+    with pytest.raises(ValueError, match="total_steps"):
+        tb.noam_optimizer(model, 64, 10, total_steps=0)
+
+
+def test_fit_keeps_an_exponential_average_of_the_weights_and_evaluates_it():
+    tb.seed_everything(0)
+    model = tb.make_model(tb.ModelConfig.small(11, dropout=0.0))
+    optimizer, schedule = tb.noam_optimizer(model, 64, 5)
+    batches = [tb.copy_task_batch(8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    decay, snapshots, scored = 0.9, [], []
+
+    def next_batch(step):
+        return batches[step - 1]
+
+    def evaluate(m):
+        scored.append(m)
+        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+        return 0.0
+
+    history = tb.fit(model, next_batch, 4, optimizer, schedule, evaluate=evaluate, eval_every=1,
+                     progress=False, average=decay)  # fmt: skip
+    # By hand: the first update copies the weights, every later one moves decay of the way less.
+    expected = {k: v.clone() for k, v in snapshots[0].items()}
+    for state in snapshots[1:]:
+        for k in expected:
+            if expected[k].is_floating_point():
+                expected[k] = decay * expected[k] + (1 - decay) * state[k]
+    averaged = history.averaged.state_dict()
+    for name, _ in model.named_parameters():
+        torch.testing.assert_close(averaged[name], expected[name])
+    assert all(m is history.averaged for m in scored) and not history.averaged.training
+    assert not torch.equal(averaged["generator.weight"], model.state_dict()["generator.weight"])

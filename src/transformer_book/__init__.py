@@ -28,7 +28,16 @@ from .parity import to_pytorch
 from .positional import PositionalEncoding, sinusoidal_positional_encoding
 from .recipes import RECIPES, Recipe, TrainedModel, recipe, train_recipe, trained_model
 from .runtime import book_seed, describe_environment, get_device, glue, seed_everything
-from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer, noam_rate, train_step
+from .training import (
+    History,
+    LabelSmoothingLoss,
+    exact_match,
+    fit,
+    noam_optimizer,
+    noam_rate,
+    train_step,
+    weight_average,
+)
 
 __version__ = "0.1.0"
 
@@ -52,6 +61,7 @@ __all__ = [
     "fit",
     "noam_optimizer",
     "noam_rate",
+    "weight_average",
     "Decoder",
     "DecoderLayer",
     "Encoder",

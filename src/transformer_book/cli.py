@@ -59,12 +59,12 @@ from .data import Batch, CopyTask, DateTask
 from .model import ModelConfig, Transformer, make_model
 from .recipes import RECIPES, Recipe
 from .runtime import get_device
-from .training import LabelSmoothingLoss, autocast, exact_match, noam_optimizer, train_step
+from .training import LabelSmoothingLoss, autocast, exact_match, noam_optimizer, train_step, weight_average
 
 TASKS = tuple(RECIPES)
 
 # The arguments that define a run: a resumed run must be given the same values.
-# (--steps, --eval-every, --out and the world size may change on resume.)
+# (--eval-every, --out and the world size may change on resume, and --steps unless --taper is on.)
 RUN_DEFINING = (
     "task",
     "batch_size",
@@ -77,6 +77,8 @@ RUN_DEFINING = (
     "lr_factor",
     "clip_norm",
     "adam_eps",
+    "taper",
+    "average",
     "seed",
     "bf16",
 )
@@ -93,6 +95,8 @@ FROM_RECIPE = {
     "lr_factor": "lr_factor",
     "clip_norm": "clip_norm",
     "adam_eps": "adam_eps",
+    "taper": "taper",
+    "average": "average",
     "eval_every": "eval_every",
 }
 # ModelConfig's field names as the command line spells them, for its error messages.
@@ -136,6 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clip-norm", type=float, help=f"largest gradient norm; 0 turns clipping off; {recipe_value}")
     parser.add_argument("--adam-eps", type=float, help=f"Adam's epsilon (the paper: 1e-9); {recipe_value}")
     parser.add_argument(
+        "--taper",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"let the learning rate fall linearly to zero at --steps; {recipe_value}",
+    )
+    parser.add_argument(
+        "--average",
+        type=float,
+        help=f"decay of the weight average that is evaluated and saved, 0: none; {recipe_value}",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="seeds the weights, every batch and every dropout mask (default 0)"
     )
     parser.add_argument(
@@ -159,6 +174,8 @@ def fill_from_recipe(args: argparse.Namespace) -> Recipe:
             setattr(args, option, getattr(recipe, field_name))
     if args.clip_norm is not None and args.clip_norm <= 0:
         args.clip_norm = None  # 0 means: do not clip
+    if args.average is not None and args.average == 0:
+        args.average = None  # 0 means: no average
     return recipe
 
 
@@ -186,6 +203,8 @@ def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value}")
     if not args.adam_eps > 0:
         raise ValueError(f"--adam-eps must be a positive number, got {args.adam_eps}")
+    if args.average is not None and not 0 < args.average < 1:
+        raise ValueError(f"--average must be 0 (none) or a decay in (0, 1), got {args.average}")
     try:
         model_config(args, 3, 3)
     except ValueError as error:
@@ -326,13 +345,19 @@ def shard(batch: Batch, rank: int, world_size: int, pad_id: int) -> Batch:
 
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The run-defining arguments as plain Python values (stored in the checkpoint)."""
-    return {name: getattr(args, name) for name in RUN_DEFINING}
+    """The run-defining arguments as plain Python values (stored in the checkpoint).
+
+    With ``--taper`` the schedule ends at ``--steps``, so ``--steps`` defines the run too.
+    """
+    settings = {name: getattr(args, name) for name in RUN_DEFINING}
+    settings["taper_steps"] = args.steps if args.taper else None
+    return settings
 
 
 def save_checkpoint(
     path: Path,
     model: nn.Module,
+    averaged: nn.Module | None,
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LRScheduler,
     step: int,
@@ -345,10 +370,12 @@ def save_checkpoint(
 
     Only tensors, dicts, lists and numbers, so ``torch.load(path, weights_only=True)``
     reads it. No RNG state is needed: data and dropout are reseeded from
-    ``(seed, step[, rank])`` at every step.
+    ``(seed, step[, rank])`` at every step. ``average`` holds the weight average's
+    state (``--average``), or an empty dict.
     """
     state = {
         "model": model.state_dict(),
+        "average": averaged.state_dict() if averaged is not None else {},
         "optimizer": optimizer.state_dict(),
         "schedule": schedule.state_dict(),
         "step": step,
@@ -363,7 +390,9 @@ def save_checkpoint(
     os.replace(partial, path)
 
 
-CHECKPOINT_KEYS = {"model", "optimizer", "schedule", "step", "elapsed_s", "args", "model_config", "world_size"}
+CHECKPOINT_KEYS = {
+    "model", "average", "optimizer", "schedule", "step", "elapsed_s", "args", "model_config", "world_size"
+}  # fmt: skip
 
 
 def load_checkpoint(path: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -386,10 +415,10 @@ def load_checkpoint(path: Path, args: argparse.Namespace) -> dict[str, Any]:
             f"--resume={path} is not a checkpoint written by transformer-book-train "
             f"(it lacks {', '.join(sorted(missing or {'args'}))})"
         )
-    for name in RUN_DEFINING:
-        given, saved = getattr(args, name), state["args"].get(name)
+    for name, given in run_settings(args).items():
+        saved = state["args"].get(name)
         if given != saved:
-            option = "--" + name.replace("_", "-")
+            option = "--steps (with --taper)" if name == "taper_steps" else "--" + name.replace("_", "-")
             raise ValueError(
                 f"{option}={given} but the checkpoint {path} was trained with {option}={saved}; "
                 "a resumed run must use the same settings"
@@ -433,11 +462,17 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
     config = model_config(args, data.src_vocab_size, data.tgt_vocab_size)
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = make_model(config).to(rt.device)
-    optimizer, schedule = noam_optimizer(model, args.d_model, args.warmup, args.lr_factor, eps=args.adam_eps)
+    total_steps = args.steps if args.taper else None
+    optimizer, schedule = noam_optimizer(
+        model, args.d_model, args.warmup, args.lr_factor, eps=args.adam_eps, total_steps=total_steps
+    )
+    averaged = weight_average(model, args.average) if args.average is not None else None
     start_step, elapsed_before = 0, 0.0
     if args.resume is not None:
         state = load_checkpoint(args.resume, args)
         model.load_state_dict(state["model"])
+        if averaged is not None:
+            averaged.load_state_dict(state["average"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         start_step, elapsed_before = state["step"], state["elapsed_s"]
@@ -470,6 +505,8 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
                               loss_scale=scale, bf16=args.bf16)  # fmt: skip
         loss_sum += loss.detach() / rt.world_size  # summed over ranks below: the global-batch loss
         loss_steps += 1
+        if averaged is not None:  # every rank holds the same weights after DDP's update, so the same average
+            averaged.update_parameters(model)
 
         if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
             if rt.distributed:
@@ -479,11 +516,14 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
             loss_steps = 0
             if rt.is_main:
                 elapsed = elapsed_before + time.perf_counter() - started
-                record["exact_match"] = evaluate(model, data, rt.device, args.bf16)
+                scored = model if averaged is None else averaged.module  # the recipe scores the average
+                record["exact_match"] = evaluate(scored, data, rt.device, args.bf16)
                 record.update(elapsed_s=round(elapsed, 3), world_size=rt.world_size)
                 emit(record)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['exact_match']:.3f}")
-                save_checkpoint(args.out, model, optimizer, schedule, step, elapsed, args, config, rt.world_size)
+                save_checkpoint(
+                    args.out, model, averaged, optimizer, schedule, step, elapsed, args, config, rt.world_size
+                )
     bar.close()
     if rt.distributed:
         dist.barrier()  # nobody leaves before rank 0 has written the last checkpoint

@@ -1,8 +1,9 @@
 """Chapter 8 (end): how each task is trained, written down once.
 
 A :class:`Recipe` holds every choice that decides whether training works: model
-size, dropout, batch, the schedule's warm-up and scale, gradient clipping, how often
-to evaluate, the step cap and the target. The chapters, the tests, the benchmarks,
+size, dropout, batch, the schedule's warm-up, scale and taper, gradient clipping, the
+weight average that is evaluated and kept, how often to evaluate, the step cap and
+the target. The chapters, the tests, the benchmarks,
 the command-line trainer and :func:`trained_model` all read the same two recipes
 (``RECIPES["copy"]``, ``RECIPES["dates"]``), so a change here changes them all.
 
@@ -56,6 +57,8 @@ class Recipe:
     d_ff: int = 256
     num_layers: int = 2
     norm_first: bool = False  # LayerNorm before each sublayer (pre-norm) instead of after it
+    taper: bool = False  # the rate also falls linearly to zero at max_steps (noam_rate's total_steps)
+    average: float | None = None  # evaluate and keep an average of the weights with this decay (fit's average)
 
     def make_task(self, seed: int = 0) -> Task:
         """The task with its held-out set drawn from ``seed``."""
@@ -70,7 +73,10 @@ class Recipe:
 
     def optimizer(self, model: nn.Module) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
         """Adam with the paper's warm-up schedule, scaled as this recipe says."""
-        return noam_optimizer(model, self.d_model, warmup=self.warmup, factor=self.lr_factor, eps=self.adam_eps)
+        total_steps = self.max_steps if self.taper else None
+        return noam_optimizer(
+            model, self.d_model, self.warmup, self.lr_factor, eps=self.adam_eps, total_steps=total_steps
+        )
 
     def loss_fn(self, config: ModelConfig) -> LabelSmoothingLoss:
         return LabelSmoothingLoss(config.tgt_vocab_size, self.smoothing, config.pad_id)
@@ -79,11 +85,11 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "copy": Recipe(
         task="copy", dropout=0.0, batch_size=256, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-9,
-        max_steps=1000, eval_every=50, target=1.0,
+        max_steps=1000, eval_every=50, target=1.0, taper=True, average=0.99,
     ),
     "dates": Recipe(
         task="dates", dropout=0.1, batch_size=128, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-9,
-        max_steps=800, eval_every=50, target=0.999,
+        max_steps=800, eval_every=50, target=0.999, taper=True, average=0.99,
     ),
 }  # fmt: skip
 
@@ -145,8 +151,9 @@ def train_recipe(
         model, next_batch, r.max_steps, optimizer, schedule, loss_fn=r.loss_fn(config),
         evaluate=lambda m: held_out_accuracy(m, task), eval_every=r.eval_every,
         stop_at=r.target if until_target else None, progress=progress, clip_norm=r.clip_norm,
+        average=r.average,
     )  # fmt: skip
-    model.eval()
+    model = history.averaged if history.averaged is not None else model.eval()
     return TrainedModel(model, task, r, seed, history.step[-1], history.eval_metric[-1], history)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
 from ._checks import check_positive, check_probability, shape_of
@@ -52,29 +53,42 @@ class LabelSmoothingLoss(nn.Module):
         return per_position.sum() / (target != self.pad_id).sum().clamp(min=1)
 
 
-def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0, total_steps: int | None = None) -> float:
     """The paper's learning rate: ``factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)``.
 
     It rises linearly for ``warmup`` steps, then decays as ``1/sqrt(step)``. Step 0 counts as step 1.
+    With ``total_steps`` (not in the paper) the rate is also multiplied by
+    ``1 - step / total_steps``, a taper that brings it to zero at the last step.
     """
     step = max(step, 1)
-    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    rate = factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    return rate if total_steps is None else rate * max(0.0, 1.0 - step / total_steps)
 
 
 def noam_optimizer(
-    model: nn.Module, d_model: int, warmup: int, factor: float = 1.0, eps: float = 1e-9
+    model: nn.Module,
+    d_model: int,
+    warmup: int,
+    factor: float = 1.0,
+    eps: float = 1e-9,
+    total_steps: int | None = None,
 ) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
-    """Adam with the paper's betas (0.9, 0.98) and eps (1e-9 unless given), and the warm-up schedule above.
+    """Adam with the paper's betas (0.9, 0.98) and eps (1e-9 unless given), and the warm-up schedule above
+    (tapered to zero at ``total_steps`` if given).
 
     Adam divides each update by ``sqrt(v) + eps``, ``v`` the recent mean squared gradient.
     A parameter whose gradient is nothing but rounding noise (``v`` near 0) still moves by
     about the learning rate at every step when ``eps`` is tiny; a larger ``eps`` damps it.
     """
     check_positive(warmup, "warmup")
+    if total_steps is not None:
+        check_positive(total_steps, "total_steps")
     if not eps > 0:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=eps)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_rate(step + 1, d_model, warmup, factor))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: noam_rate(step + 1, d_model, warmup, factor, total_steps)
+    )
     return optimizer, schedule
 
 
@@ -88,6 +102,19 @@ class History:
     eval_step: list[int] = field(default_factory=list)
     eval_metric: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    # With fit(..., average=...): the running average of the weights, which evaluate() scored.
+    averaged: Transformer | None = None
+
+
+def weight_average(model: Transformer, decay: float) -> AveragedModel:
+    """An exponential moving average of ``model``'s weights, ``avg ← decay · avg + (1 − decay) · weights``
+    after every update (PyTorch's ``AveragedModel``; its ``.module`` is a :class:`Transformer`).
+
+    The paper evaluated the average of its last checkpoints; an average over the last
+    ``~1 / (1 − decay)`` updates smooths out the jolts a single update can give the weights.
+    """
+    check_probability(decay, "decay")
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
 
 
 def autocast(device: torch.device, bf16: bool) -> AbstractContextManager:
@@ -141,6 +168,7 @@ def fit(
     progress: bool = True,
     clip_norm: float | None = None,
     bf16: bool = False,
+    average: float | None = None,
 ) -> History:
     """Train for ``steps`` steps of :func:`train_step` and return the :class:`History`.
 
@@ -148,12 +176,15 @@ def fit(
     device here). ``evaluate(model)`` returns a metric such as exact-match
     accuracy; it runs every ``eval_every`` steps, and training stops early once it
     reaches ``stop_at``. ``clip_norm`` caps the gradient norm; ``bf16`` trains under
-    bfloat16 autocast. A tqdm bar shows the loss and the learning rate.
+    bfloat16 autocast. With ``average`` (a decay, e.g. 0.99) a :func:`weight_average` of the
+    weights is kept: ``evaluate`` scores the average, and ``history.averaged`` holds it
+    (``model`` itself keeps the last update's weights). A tqdm bar shows the loss and the learning rate.
     """
     check_positive(steps, "steps")
     device = next(model.parameters()).device
     loss_fn = loss_fn or LabelSmoothingLoss(model.config.tgt_vocab_size, 0.1, model.config.pad_id)
     history = History()
+    averaged = weight_average(model, average) if average is not None else None
     start = time.perf_counter()
     # In a notebook a live bar redraws in place, but the built book keeps every redraw as a
     # line of its own: redraw rarely there, so the page shows a few lines, not hundreds.
@@ -167,9 +198,11 @@ def fit(
         history.step.append(step)
         history.loss.append(loss.item())
         history.lr.append(lr)
+        if averaged is not None:
+            averaged.update_parameters(model)
         bar.set_postfix(loss=f"{history.loss[-1]:.3f}", lr=f"{lr:.2e}", refresh=False)
         if evaluate is not None and eval_every and (step % eval_every == 0 or step == steps):
-            metric = evaluate(model)
+            metric = evaluate(model if averaged is None else averaged.module)
             history.eval_step.append(step)
             history.eval_metric.append(metric)
             bar.set_postfix(loss=f"{history.loss[-1]:.3f}", metric=f"{metric:.3f}")
@@ -177,6 +210,8 @@ def fit(
                 break
     bar.close()
     history.seconds = time.perf_counter() - start
+    if averaged is not None:
+        history.averaged = averaged.module.eval()
     return history
 
 
