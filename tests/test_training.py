@@ -113,3 +113,14 @@ def test_fit_keeps_an_exponential_average_of_the_weights_and_evaluates_it():
         torch.testing.assert_close(averaged[name], expected[name])
     assert all(m is history.averaged for m in scored) and not history.averaged.training
     assert not torch.equal(averaged["generator.weight"], model.state_dict()["generator.weight"])
+
+
+def test_a_recipe_says_the_rate_its_optimizer_uses():
+    for name in ("copy", "dates"):
+        r = tb.recipe(name)
+        optimizer, schedule = r.optimizer(tb.make_model(r.model_config(r.make_task(0))))
+        for step in range(1, r.warmup + 3):
+            assert optimizer.param_groups[0]["lr"] == pytest.approx(r.rate(step), rel=1e-12)
+            optimizer.step()
+            schedule.step()
+        assert r.rate(r.max_steps) == (0.0 if r.taper else tb.noam_rate(r.max_steps, r.d_model, r.warmup, r.lr_factor))

@@ -32,7 +32,7 @@ except ImportError:  # Python 3.10
 from .data import Batch, CopyTask, DateTask
 from .model import ModelConfig, Transformer, make_model
 from .runtime import get_device, seed_everything
-from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer
+from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer, noam_rate
 
 Task = CopyTask | DateTask
 
@@ -77,6 +77,10 @@ class Recipe:
         return noam_optimizer(
             model, self.d_model, self.warmup, self.lr_factor, eps=self.adam_eps, total_steps=total_steps
         )
+
+    def rate(self, step: int) -> float:
+        """The learning rate of update ``step`` (counted from 1) under this recipe's schedule."""
+        return noam_rate(step, self.d_model, self.warmup, self.lr_factor, self.max_steps if self.taper else None)
 
     def loss_fn(self, config: ModelConfig) -> LabelSmoothingLoss:
         return LabelSmoothingLoss(config.tgt_vocab_size, self.smoothing, config.pad_id)
