@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from transformer_book import viz
+from transformer_book.training import History
 
 
 def test_rounded_list_rounds_in_float64():
@@ -69,3 +70,17 @@ def test_attention_layers_chart_menus_and_cropping():
         viz.attention_layers_chart([weights], head=2)
     with pytest.raises(ValueError, match="heads, q_len, k_len"):
         viz.attention_layers_chart([weights[0]])
+
+
+def test_training_curves_loss_floor_and_exact_match():
+    history = History(step=[1, 2, 3], loss=[2.0, 1.0, 0.7], lr=[1e-4, 2e-4, 3e-4], eval_step=[3], eval_metric=[0.5])
+    spec = viz.training_curves({"copy": (history, 0.6)}, held_out=1000).to_dict()
+    loss_chart, accuracy_chart = spec["vconcat"]
+    assert [layer["mark"]["type"] for layer in loss_chart["layer"]] == ["line", "rule"]
+    assert accuracy_chart["title"] == "Exact match on the 1,000 held-out examples"
+    assert accuracy_chart["encoding"]["x"]["scale"]["domain"] == [0, 3]
+    datasets = list(spec["datasets"].values())
+    assert [{"task": "copy", "floor": 0.6}] in datasets
+    assert [{"task": "copy", "step": 3, "exact match": 0.5}] in datasets
+    with pytest.raises(ValueError, match="at least one"):
+        viz.training_curves({}, held_out=10)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_positive, require_tensor, shape_of
+from .training import History
 
 
 def _labels(labels: Sequence[str] | None, size: int) -> list[str]:
@@ -258,4 +259,73 @@ def formula_heatmap(
             ],
         )
         .properties(width=width, height=height)
+    )
+
+
+def training_curves(runs: Mapping[str, tuple[History, float]], held_out: int) -> alt.VConcatChart:
+    """Training runs: the loss at every step above, held-out exact match below.
+
+    ``runs`` maps a task's name to its :class:`~transformer_book.training.History` and
+    its loss floor (drawn dashed: label smoothing's least possible loss). The loss axis
+    is logarithmic; clicking a task in the legend highlights its curves. ``held_out`` is
+    the number of examples exact match was measured on (it goes in the title).
+    """
+    if not runs:
+        raise ValueError("runs must hold at least one (History, loss floor) pair")
+    curves = pd.DataFrame(
+        [
+            {"task": name, "step": s, "loss": round(loss, 4), "lr": float(f"{lr:.4g}")}
+            for name, (history, _) in runs.items()
+            for s, loss, lr in zip(history.step, history.loss, history.lr)
+        ]
+    )
+    floors = pd.DataFrame({"task": list(runs), "floor": [round(floor, 4) for _, floor in runs.values()]})
+    accuracy = pd.DataFrame(
+        [
+            {"task": name, "step": s, "exact match": metric}
+            for name, (history, _) in runs.items()
+            for s, metric in zip(history.eval_step, history.eval_metric)
+        ]
+    )
+    highlight = alt.selection_point(fields=["task"], bind="legend")
+    legend = alt.Legend(orient="bottom", titleLimit=300)
+    color = alt.Color("task:N", title="task (click to highlight)", legend=legend)
+    step_axis = alt.X("step:Q", title="training step", scale=alt.Scale(domain=[0, int(curves["step"].max())]))
+    fade = alt.condition(highlight, alt.value(1.0), alt.value(0.15))
+    log_scale = alt.Scale(type="log", domain=[0.5, 4], nice=False, clamp=True)
+    loss_lines = (
+        alt.Chart(curves, title="Training loss per step (label-smoothed cross-entropy)")
+        .mark_line()
+        .encode(
+            x=step_axis,
+            color=color,
+            opacity=fade,
+            y=alt.Y("loss:Q", title="loss (log scale)", scale=log_scale),
+            tooltip=[
+                "task:N",
+                "step:Q",
+                alt.Tooltip("loss:Q", format=".4f"),
+                alt.Tooltip("lr:Q", title="learning rate", format=".2e"),
+            ],
+        )
+        .add_params(highlight)
+    )
+    floor_tip = alt.Tooltip("floor:Q", title="loss floor H(q)", format=".4f")
+    floor_rules = (
+        alt.Chart(floors).mark_rule(strokeDash=[5, 4]).encode(y="floor:Q", color=color, tooltip=["task:N", floor_tip])
+    )
+    accuracy_chart = (
+        alt.Chart(accuracy, title=f"Exact match on the {held_out:,} held-out examples")
+        .mark_line(point=True)
+        .encode(
+            x=step_axis,
+            color=color,
+            opacity=fade,
+            y=alt.Y("exact match:Q", title="exact match", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+            tooltip=["task:N", "step:Q", alt.Tooltip("exact match:Q", format=".1%")],
+        )
+    )
+    return alt.vconcat(
+        (loss_lines + floor_rules).properties(width=560, height=240),
+        accuracy_chart.properties(width=560, height=140),
     )
