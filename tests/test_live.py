@@ -126,6 +126,9 @@ def run_session(site_url: str, chromium, trained: tb.TrainedModel, dates: int = 
                 page.inner_text("#live-message"),
             )
         report["iso_after_rejections"] = page.evaluate("() => window.liveDates.last.iso")
+        report["dimmed_after_rejections"] = page.evaluate(
+            "() => document.getElementById('live-dates').classList.contains('live-stale')"
+        )
     finally:
         context.close()
     report.update(outside=outside, console_errors=console_errors, page_errors=page_errors, failed=failed)
@@ -170,8 +173,9 @@ def test_live_model_translates_like_the_package(site, browser, built_book: Path,
     assert "“Vingt”" in messages["capital"][2] and "“vingt”, in lower case" in messages["capital"][2]
     assert "Type a date" in messages["empty"][2]
     assert f"{trained.task.src_len + 1} words" in messages["too long"][2]
-    # A rejected input leaves the last translation as it was.
+    # A rejected input leaves the last translation as it was, dimmed.
     assert report["iso_after_rejections"] == trained.task.test_dates[DATES - 1].isoformat()
+    assert report["dimmed_after_rejections"]
 
 
 def test_live_files_only_where_needed(built_book: Path, trained):

@@ -250,6 +250,7 @@
     const read = readSource(text);
     if (read.error) {
       showMessage(root, read.error);
+      root.classList.add("live-stale"); // the translation still shown is of an earlier input
       root.dataset.state = "rejected";
       root.dataset.translations = String(Number(root.dataset.translations) + 1);
       return;
@@ -265,6 +266,7 @@
       $("live-steps").replaceChildren(stepsTable(result.steps));
       await drawHeatmap(root, read.words, result);
       state.last = { text: text, words: read.words, source: read.ids, ids: result.ids, iso: iso };
+      root.classList.remove("live-stale");
       root.dataset.state = "done";
     } catch (error) {
       showMessage(root, "The model failed on this input: " + error.message);
