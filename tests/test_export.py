@@ -108,3 +108,5 @@ def test_words_outside_the_limits(trained, exported, sessions):
         tb.onnx_greedy_decode(exported, [], sessions)
     with pytest.raises(ValueError, match="1 to"):
         tb.onnx_greedy_decode(exported, ["mai"] * (trained.task.src_len + 1), sessions)
+    with pytest.raises(ValueError, match="does not know.*'Mai', '<eos>'"):
+        tb.onnx_greedy_decode(exported, ["premier", "Mai", "<eos>"], sessions)

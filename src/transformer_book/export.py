@@ -178,7 +178,7 @@ def _export_graph(module: nn.Module, args: tuple[Tensor, ...], inputs: list[str]
         )
     proto = program.model_proto
     # The exporter annotates every node with the Python stack that made it: useful for
-    # debugging, a quarter of the file for a model this small.
+    # debugging, and a large part of the file for a model this small.
     for node in proto.graph.node:
         del node.metadata_props[:]
         node.doc_string = ""
@@ -249,9 +249,13 @@ def onnx_greedy_decode(export: OnnxExport, words: list[str], sessions: tuple | N
     if sessions is None:
         sessions = onnx_sessions(export)
     encoder, decoder = sessions
-    ids = [spec["source_tokens"].index(w) for w in words]
-    if not 0 < len(ids) <= spec["src_len"]:
-        raise ValueError(f"words must hold 1 to {spec['src_len']} words, got {len(ids)}")
+    known = spec["source_tokens"]
+    unknown = [w for w in words if w not in known[3:]]  # ids 0-2 are <pad>, <bos>, <eos>
+    if unknown:
+        raise ValueError(f"words holds words the model does not know: {unknown}")
+    if not 0 < len(words) <= spec["src_len"]:
+        raise ValueError(f"words must hold 1 to {spec['src_len']} words, got {len(words)}")
+    ids = [known.index(w) for w in words]
     src = np.full((1, spec["src_len"]), spec["pad_id"], dtype=np.int64)
     src[0, : len(ids)] = ids
     (memory,) = encoder.run(None, {"src": src})
