@@ -222,7 +222,8 @@
     }));
     const heads = Array.from({ length: spec.num_heads }, (_, i) => i + 1);
     const chart = {
-      $schema: "https://vega.github.io/schema/vega-lite/v5.json",
+      // The book's own Vega-Lite (loaded on every page); the schema names its major version, fetches nothing.
+      $schema: `https://vega.github.io/schema/vega-lite/v${vegaLite.version.split(".")[0]}.json`,
       title: `Cross-attention of the last decoder layer (layer ${spec.num_layers})`,
       data: { name: "weights", values: values },
       params: [{ name: "head", value: state.head, bind: { input: "select", options: heads, name: "head " } }],
