@@ -8,7 +8,8 @@ imports `transformer_book` from site-packages. `make_wheel_env` reproduces that:
 2. create a plain virtual environment (no system site-packages, so the repository's
    editable install is invisible) and install the wheel with its `book` extra (the chart
    libraries a chapter needs) plus ipykernel, with the versions
-   pinned in requirements.txt as constraints.
+   pinned in requirements.txt as constraints. torch alone is linked from the test run's
+   own environment rather than unpacked again (`link_distribution`).
 
 tests/conftest.py makes it once per session, in the background, and tests/test_sections.py
 runs every section of every chapter with its Python.
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from book_helpers import REPO_ROOT
@@ -97,6 +99,12 @@ def make_wheel_env(root: Path) -> ColabEnv:
     _run([sys.executable, "-m", "venv", venv], cwd=root, env=env, timeout=INSTALL_TIMEOUT_S)
     python = venv / "bin" / "python"
     venv_env = _clean_env(venv)
+    site = Path(
+        _run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root, env=venv_env
+        ).stdout.strip()
+    )
+    link_distribution("torch", site)
     _run(
         [
             python,
@@ -113,13 +121,22 @@ def make_wheel_env(root: Path) -> ColabEnv:
         env=venv_env,
         timeout=INSTALL_TIMEOUT_S,
     )
-    site = Path(
-        _run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root, env=venv_env
-        ).stdout.strip()
-    )
 
     return ColabEnv(venv, python, site, venv_env, time.perf_counter() - start)
+
+
+def link_distribution(name: str, site: Path) -> None:
+    """Make the installed distribution ``name`` visible in the venv ``site`` through symlinks.
+
+    Unpacking torch's ~700 MB again into every test run's venv took about half of the
+    venv's setup; a link to the very same files (the version requirements.txt pins) is
+    instant. pip sees the linked dist-info as installed, so it still installs everything
+    else the wheel declares, torch's own dependencies included.
+    """
+    dist = metadata.distribution(name)
+    origin = Path(dist.locate_file(""))
+    for top in sorted({file.parts[0] for file in dist.files or []} - {".."}):  # ".." holds its scripts
+        (site / top).symlink_to(origin / top, target_is_directory=(origin / top).is_dir())
 
 
 def inside(path: str | Path, folder: Path) -> bool:

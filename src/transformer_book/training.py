@@ -108,7 +108,7 @@ class History:
 
 def weight_average(model: Transformer, decay: float) -> AveragedModel:
     """An exponential moving average of ``model``'s weights, ``avg ← decay · avg + (1 − decay) · weights``
-    after every update (PyTorch's ``AveragedModel``; its ``.module`` is a :class:`Transformer`).
+    after every update (PyTorch's ``AveragedModel``; its ``.module`` is a :class:`~transformer_book.model.Transformer`).
 
     The paper evaluated the average of its last checkpoints; an average over the last
     ``~1 / (1 − decay)`` updates smooths out the jolts a single update can give the weights.
