@@ -138,7 +138,7 @@ _ATTENTION = ("enc_attn", "dec_self", "dec_cross")
 _ENCODER = ("enc_attn", "enc_norm1", "enc_ffn", "enc_norm2")
 _DECODER = ("dec_self", "dec_norm1", "dec_cross", "dec_norm2", "dec_ffn", "dec_norm3", "out")
 
-# What each chapter builds: the blocks it highlights, and a sentence for the alt text.
+#: What each chapter builds (the blocks its map highlights, and a sentence for the alt text).
 CHAPTER_PARTS: dict[str, tuple[tuple[str, ...], str]] = {
     "why_attention": (_ATTENTION, "the three attention blocks, which replace recurrence"),
     "embedding": (("src_emb", "tgt_emb"), "the two embeddings that turn token ids into vectors"),

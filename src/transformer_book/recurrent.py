@@ -221,6 +221,7 @@ class BaselineRecipe:
     eval_rows: int = 250
 
 
+#: The two baselines, one recipe without and with attention.
 BASELINES: dict[str, BaselineRecipe] = {
     "gru": BaselineRecipe(attention=False),
     "gru_attention": BaselineRecipe(attention=True),
