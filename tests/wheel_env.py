@@ -8,8 +8,9 @@ imports `transformer_book` from site-packages. `make_wheel_env` reproduces that:
 2. create a plain virtual environment (no system site-packages, so the repository's
    editable install is invisible) and install the wheel with its `book` extra (the chart
    libraries a chapter needs) plus ipykernel, with the versions
-   pinned in requirements.txt as constraints. torch alone is linked from the test run's
-   own environment rather than unpacked again (`link_distribution`).
+   pinned in requirements.txt as constraints. The distributions the wheel's requirements
+   reach are linked from the test run's own environment rather than unpacked again
+   (`link_requirements`), so pip adds just the wheel.
 
 tests/conftest.py makes it once per session, in the background, and tests/test_sections.py
 runs every section of every chapter with its Python.
@@ -17,16 +18,21 @@ runs every section of every chapter with its Python.
 
 from __future__ import annotations
 
+import email.parser
 import os
 import shutil
 import subprocess
 import sys
 import time
+import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from book_helpers import REPO_ROOT
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 INSTALL_TIMEOUT_S = 1200
 # Cleared from every environment below: they would put the repository (or another
@@ -104,7 +110,7 @@ def make_wheel_env(root: Path) -> ColabEnv:
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root, env=venv_env
         ).stdout.strip()
     )
-    link_distribution("torch", site)
+    link_requirements([*wheel_requirements(wheels[0], ("book",)), Requirement("ipykernel")], site)
     _run(
         [
             python,
@@ -125,18 +131,52 @@ def make_wheel_env(root: Path) -> ColabEnv:
     return ColabEnv(venv, python, site, venv_env, time.perf_counter() - start)
 
 
-def link_distribution(name: str, site: Path) -> None:
-    """Make the installed distribution ``name`` visible in the venv ``site`` through symlinks.
+def wheel_requirements(wheel: Path, extras: tuple[str, ...]) -> list[Requirement]:
+    """The ``Requires-Dist`` entries of ``wheel``'s metadata that apply with ``extras``."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        fields = email.parser.Parser().parsestr(archive.read(name).decode())
+    return [r for r in map(Requirement, fields.get_all("Requires-Dist") or []) if _applies(r, extras)]
 
-    Unpacking torch's ~700 MB again into every test run's venv took about half of the
-    venv's setup; a link to the very same files (the version requirements.txt pins) is
-    instant. pip sees the linked dist-info as installed, so it still installs everything
-    else the wheel declares, torch's own dependencies included.
+
+def _applies(requirement: Requirement, extras: Iterable[str]) -> bool:
+    marker = requirement.marker
+    return marker is None or any(marker.evaluate({"extra": extra}) for extra in ("", *extras))
+
+
+def link_requirements(requirements: list[Requirement], site: Path) -> list[str]:
+    """Link into the venv ``site`` every distribution ``requirements`` need, transitively, from
+    this test run's own environment; returns their names.
+
+    Unpacking the same ~1 GB of wheels (torch alone is ~700 MB) into every test run's venv
+    took over a minute. A link to the installed files of the versions requirements.txt pins
+    is instant, and the venv still holds exactly what the wheel declares: only the
+    distributions its requirements reach are linked, so a chapter that imports anything
+    else fails there. pip then finds them installed and adds just the wheel (and installs
+    anything that could not be linked, such as a version other than the one installed here).
     """
-    dist = metadata.distribution(name)
-    origin = Path(dist.locate_file(""))
-    for top in sorted({file.parts[0] for file in dist.files or []} - {".."}):  # ".." holds its scripts
-        (site / top).symlink_to(origin / top, target_is_directory=(origin / top).is_dir())
+    linked: dict[str, metadata.Distribution] = {}
+    todo = list(requirements)
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in linked:
+            continue
+        try:
+            dist = metadata.distribution(requirement.name)
+        except metadata.PackageNotFoundError:
+            continue
+        if not dist.files or not requirement.specifier.contains(dist.version, prereleases=True):
+            continue
+        origin = Path(dist.locate_file(""))
+        tops = sorted({file.parts[0] for file in dist.files} - {".."})  # ".." holds its scripts
+        if any((site / top).exists() for top in tops):  # e.g. the venv's own setuptools: pip's to handle
+            continue
+        for top in tops:
+            (site / top).symlink_to(origin / top, target_is_directory=(origin / top).is_dir())
+        linked[name] = dist
+        todo += [r for r in map(Requirement, dist.requires or []) if _applies(r, requirement.extras)]
+    return sorted(linked)
 
 
 def inside(path: str | Path, folder: Path) -> bool:
