@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import yaml
 
@@ -116,3 +118,38 @@ def notebooks_in_git(root: Path = BOOK_ROOT) -> list[Path]:
 def page_names(root: Path = BOOK_ROOT) -> list[str]:
     """Built pages to open in the browser: the root page and every toc entry."""
     return toc_files(root)
+
+
+@dataclass
+class PageWatch:
+    """What a browser page did that the tests forbid: requests that tried to leave localhost
+    (aborted), console errors, uncaught page errors, and local requests that failed."""
+
+    outside: list[str] = field(default_factory=list)
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def watch_page(page) -> PageWatch:
+    """Keep a Playwright ``page`` on localhost (anything else is aborted and noted) and record
+    its errors; returns the record, which fills as the page runs."""
+    watch = PageWatch()
+
+    def route(r) -> None:
+        if urlparse(r.request.url).hostname == "127.0.0.1":
+            r.continue_()
+        else:
+            watch.outside.append(r.request.url)
+            r.abort()
+
+    def local_failure(r) -> None:
+        if urlparse(r.url).hostname == "127.0.0.1":
+            watch.failed.append(f"failed {r.url}")
+
+    page.route("**/*", route)
+    page.on("console", lambda m: watch.console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: watch.page_errors.append(str(e)))
+    page.on("response", lambda r: watch.failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    page.on("requestfailed", local_failure)
+    return watch

@@ -26,6 +26,7 @@ from book_helpers import (
     MIMETYPE_FALLBACK_MARKERS,
     build_book,
     page_names,
+    watch_page,
 )
 
 CHROMIUM = "/usr/bin/chromium"
@@ -203,23 +204,7 @@ CHARTS_DRAWN_JS = """
 def test_page_loads_offline_and_charts_draw(name, site, browser, built_book, request):
     context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
     page = context.new_page()
-    outside, console_errors, page_errors, failed = [], [], [], []
-
-    def route(r):
-        host = urlparse(r.request.url).hostname
-        if host == "127.0.0.1":
-            r.continue_()
-        else:
-            outside.append(r.request.url)
-            r.abort()
-
-    page.route("**/*", route)
-    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page_errors.append(str(e)))
-    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-    page.on(
-        "requestfailed", lambda r: failed.append(f"failed {r.url}") if urlparse(r.url).hostname == "127.0.0.1" else None
-    )
+    watch = watch_page(page)
 
     try:
         page.goto(f"{site}/{name}.html", wait_until="load")
@@ -262,10 +247,10 @@ def test_page_loads_offline_and_charts_draw(name, site, browser, built_book, req
     finally:
         context.close()
 
-    assert not outside, f"{name}: requests left localhost: {outside}"
-    assert not page_errors, f"{name}: page errors: {page_errors}"
-    assert not console_errors, f"{name}: console errors: {console_errors}"
-    assert not failed, f"{name}: failed local requests: {failed}"
+    assert not watch.outside, f"{name}: requests left localhost: {watch.outside}"
+    assert not watch.page_errors, f"{name}: page errors: {watch.page_errors}"
+    assert not watch.console_errors, f"{name}: console errors: {watch.console_errors}"
+    assert not watch.failed, f"{name}: failed local requests: {watch.failed}"
     not_drawn = [c for c in charts if not c["drawn"]]
     assert not not_drawn, f"{name}: charts that did not draw: {not_drawn}"
     if math["tex"]:

@@ -9,15 +9,15 @@ and nothing may reach the console as an error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
-from urllib.parse import urlparse
 
 import numpy as np
 import pytest
 import torch
-from book_helpers import REPO_ROOT
+from book_helpers import REPO_ROOT, watch_page
 from test_book import browser, site  # noqa: F401  (fixtures: the built site on 127.0.0.1, Chromium)
 
 import transformer_book as tb
@@ -65,20 +65,7 @@ def run_session(site_url: str, chromium, trained: tb.TrainedModel, dates: int = 
     task, model = trained.task, trained.model
     context = chromium.new_context(viewport={"width": 1280, "height": 1000}, service_workers="block")
     page = context.new_page()
-    outside, console_errors, page_errors, failed = [], [], [], []
-
-    def route(r):
-        if urlparse(r.request.url).hostname == "127.0.0.1":
-            r.continue_()
-        else:
-            outside.append(r.request.url)
-            r.abort()
-
-    page.route("**/*", route)
-    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page_errors.append(str(e)))
-    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-    page.on("requestfailed", lambda r: failed.append(f"failed {r.url}"))
+    watch = watch_page(page)
     report: dict = {"mismatches": [], "worst_weight_gap": 0.0, "messages": {}}
     try:
         page.goto(f"{site_url}/intro.html", wait_until="networkidle")  # any other page, for comparison
@@ -131,7 +118,7 @@ def run_session(site_url: str, chromium, trained: tb.TrainedModel, dates: int = 
         )
     finally:
         context.close()
-    report.update(outside=outside, console_errors=console_errors, page_errors=page_errors, failed=failed)
+    report.update(dataclasses.asdict(watch))
     return report
 
 
