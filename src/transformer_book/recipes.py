@@ -3,9 +3,9 @@
 A :class:`Recipe` holds every choice that decides whether training works: model
 size, dropout, batch, the schedule's warm-up, scale and taper, gradient clipping, the
 weight average that is evaluated and kept, how often to evaluate, the step cap and
-the target. The chapters, the tests, the benchmarks,
-the command-line trainer and :func:`trained_model` all read the same two recipes
-(``RECIPES["copy"]``, ``RECIPES["dates"]``), so a change here changes them all.
+the target. The chapters, the tests, the benchmarks, the command-line trainer and
+:func:`trained_model` all read the same two recipes (``RECIPES["copy"]``,
+``RECIPES["dates"]``), so a change here changes them all.
 
 ``benchmarks/bench_recipes.py`` runs each recipe with ten seeds to the step cap and
 checks that every seed reaches its target and stays there.
