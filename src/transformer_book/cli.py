@@ -29,7 +29,10 @@ Reproducibility is built from two rules:
   the run it continues.
 
 Rank 0 alone shows a tqdm bar (stderr), prints one JSON line per evaluation
-(stdout) and writes checkpoints, at every evaluation and at the end.
+(stdout) and writes checkpoints, at every evaluation and at the end. As the recipes
+say, the run keeps an average of the weights (``--average``), which is what it
+evaluates and saves beside the weights, and the learning rate tapers to zero at
+``--steps`` (``--taper``), so with the taper ``--steps`` is part of the run's definition.
 """
 
 from __future__ import annotations
