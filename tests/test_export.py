@@ -8,6 +8,7 @@ the cross-attention the heatmap shows must be PyTorch's.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import torch
 
 import transformer_book as tb
 from transformer_book.data import split_words
-from transformer_book.export import MAX_MODEL_BYTES, split_source
+from transformer_book.export import MAX_MODEL_BYTES
 
 CHECKED = 64  # held-out dates compared one by one (the first ones of the task's list)
 
@@ -36,11 +37,13 @@ def sessions(exported):
     return tb.onnx_sessions(exported)
 
 
-def test_split_rule_is_the_packages(trained):
-    """The page splits words with export.SOURCE_SPLIT; the package with data.split_words."""
+def test_split_rule_is_the_packages(trained, exported):
+    """The page splits words with tokenizer.json's source_split rule; the package with data.split_words."""
+    rule = json.loads(exported.tokenizer.read_text(encoding="utf-8"))["source_split"]
     texts = [" ".join(words) for words in trained.task.sources.values()]
     texts += ["vingt-trois  novembre\tdeux-mille", " -premier- mai- ", "", "   ", "a--b - c"]
-    assert [split_source(t) for t in texts] == [split_words(t) for t in texts]
+    as_the_page_does = [[word for word in re.split(rule, t) if word] for t in texts]
+    assert as_the_page_does == [split_words(t) for t in texts]
 
 
 def test_files_small_and_tokenizer_from_the_task(trained, exported):

@@ -87,8 +87,7 @@ class KVCache:
     def store(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Keep ``key`` and ``value`` as they are (a static cache's one write); returns them."""
         self._key, self._value, self.length = key, value, key.shape[2]
-        self.key, self.value = key, value
-        return key, value
+        return self._publish()
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new positions ``(batch, heads, new, d_head)``; returns every position so far."""
@@ -104,15 +103,20 @@ class KVCache:
         self._key[:, :, self.length : end] = key
         self._value[:, :, self.length : end] = value
         self.length = end
-        self.key, self.value = self._key[:, :, :end], self._value[:, :, :end]
-        return self.key, self.value
+        return self._publish()
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` (beam search reorders its hypotheses)."""
         if self._key is not None:
             self._key = self._key.index_select(0, index)
             self._value = self._value.index_select(0, index)
-            self.key, self.value = self._key[:, :, : self.length], self._value[:, :, : self.length]
+            self._publish()
+
+    def _publish(self) -> tuple[Tensor, Tensor]:
+        """Point ``key``/``value`` at the buffers' first ``length`` positions (set once per write,
+        so the many reads of a decoding step slice nothing)."""
+        self.key, self.value = self._key[:, :, : self.length], self._value[:, :, : self.length]
+        return self.key, self.value
 
     def __repr__(self) -> str:
         shape = None if self._key is None else tuple(self.key.shape)

@@ -181,9 +181,13 @@ def date_to_french(date: dt.date) -> str:
     return f"{day} {FRENCH_MONTHS[date.month - 1]} {french_words(date.year)}"
 
 
+# Source words are separated by runs of spaces and hyphens (chapter 10's page splits with this too).
+WORD_SEPARATORS = r"[\s\-]+"
+
+
 def split_words(text: str) -> list[str]:
     """Source tokens: words, split at spaces and hyphens ("vingt-deux" → "vingt", "deux")."""
-    return [w for w in re.split(r"[\s\-]+", text) if w]
+    return [w for w in re.split(WORD_SEPARATORS, text) if w]
 
 
 class DateTask:

@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import math
-import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,22 +39,16 @@ import torch
 from torch import Tensor, nn
 
 from .attention import record_attention
-from .data import DateTask, date_to_french
+from .data import WORD_SEPARATORS, DateTask, date_to_french
 from .model import Transformer
 from .recipes import TrainedModel
 
 # The word-splitting rule of data.split_words, as a regular expression the page can use too
 # (tests/test_export.py checks that both split every date, and odd spacing, the same way).
-SOURCE_SPLIT = r"[\s\-]+"
 
 ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE = "encoder.onnx", "decoder.onnx", "tokenizer.json"
 # The two graphs together may weigh this much: the page downloads them when the reader starts it.
 MAX_MODEL_BYTES = 1_000_000
-
-
-def split_source(text: str) -> list[str]:
-    """``text`` cut into source words with ``SOURCE_SPLIT`` (what the page does)."""
-    return [word for word in re.split(SOURCE_SPLIT, text) if word]
 
 
 class EncoderGraph(nn.Module):
@@ -137,7 +130,7 @@ def tokenizer_spec(trained: TrainedModel) -> dict:
         "pad_id": task.pad_id,
         "bos_id": task.bos_id,
         "eos_id": task.eos_id,
-        "source_split": SOURCE_SPLIT,
+        "source_split": WORD_SEPARATORS,  # the rule split_words uses
         "src_len": task.src_len,  # the most words a source may have (the longest date)
         "max_len": task.tgt_len,  # <bos> + 10 characters + <eos>, as greedy_decode is given
         "decoder_len": task.tgt_len - 1,  # the longest prefix the decoder reads

@@ -71,16 +71,20 @@ class Recipe:
             d_ff=self.d_ff, num_layers=self.num_layers, dropout=self.dropout, norm_first=self.norm_first,
         )  # fmt: skip
 
+    @property
+    def taper_steps(self) -> int | None:
+        """Where the schedule reaches zero (``noam_rate``'s ``total_steps``): the cap, or None without a taper."""
+        return self.max_steps if self.taper else None
+
     def optimizer(self, model: nn.Module) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
-        """Adam with the paper's warm-up schedule, scaled as this recipe says."""
-        total_steps = self.max_steps if self.taper else None
+        """Adam with the paper's warm-up schedule, scaled and tapered as this recipe says."""
         return noam_optimizer(
-            model, self.d_model, self.warmup, self.lr_factor, eps=self.adam_eps, total_steps=total_steps
+            model, self.d_model, self.warmup, self.lr_factor, eps=self.adam_eps, total_steps=self.taper_steps
         )
 
     def rate(self, step: int) -> float:
         """The learning rate of update ``step`` (counted from 1) under this recipe's schedule."""
-        return noam_rate(step, self.d_model, self.warmup, self.lr_factor, self.max_steps if self.taper else None)
+        return noam_rate(step, self.d_model, self.warmup, self.lr_factor, self.taper_steps)
 
     def loss_fn(self, config: ModelConfig) -> LabelSmoothingLoss:
         return LabelSmoothingLoss(config.tgt_vocab_size, self.smoothing, config.pad_id)
