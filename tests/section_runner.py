@@ -39,13 +39,17 @@ import altair  # noqa: F401
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.pyplot  # noqa: F401,E402
 import numpy  # noqa: F401,E402
 import pandas  # noqa: F401,E402
+import seaborn  # noqa: F401,E402 - with scipy.stats, a second per section if each child imported it
 import torch  # noqa: F401,E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
 import transformer_book  # noqa: F401,E402
+import transformer_book.diagrams  # noqa: F401,E402
+import transformer_book.viz  # noqa: F401,E402
 
 
 def run_job(job: dict, results: Path) -> None:

@@ -8,12 +8,12 @@ per cell, values rounded) so pages stay small.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from importlib.util import find_spec
+from typing import TYPE_CHECKING
 
 try:
     import altair as alt
-    import matplotlib.pyplot as plt
     import pandas as pd
-    import seaborn as sns
 except ImportError as error:  # the model needs none of them; the charts need all
     raise ImportError(
         f"transformer_book.viz needs the chart libraries ({error.name} is missing): "
@@ -24,6 +24,16 @@ from torch import Tensor
 
 from ._checks import check_positive, require_tensor, shape_of
 from .training import History
+
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
+
+for _library in ("matplotlib", "seaborn"):  # imported by mask_plot, the one figure that needs them
+    if find_spec(_library) is None:
+        raise ImportError(
+            f"transformer_book.viz needs the chart libraries ({_library} is missing): "
+            'pip install "transformer-book[book]"'
+        )
 
 
 def _labels(labels: Sequence[str] | None, size: int) -> list[str]:
@@ -191,6 +201,10 @@ def mask_plot(
     y_title: str = "query position (attending)",
 ) -> plt.Axes:
     """A static picture of a boolean mask ``(q_len, k_len)``: dark = may attend, light = hidden."""
+    # Imported here: seaborn loads scipy.stats, about a second in every kernel that imports viz.
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
     require_tensor(mask, "mask")
     if mask.dim() != 2 or mask.dtype != torch.bool:
         raise ValueError(f"mask must be a 2-D boolean tensor, got {mask.dtype} {shape_of(mask)}")
