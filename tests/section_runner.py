@@ -44,6 +44,9 @@ import numpy  # noqa: F401,E402
 import pandas  # noqa: F401,E402
 import seaborn  # noqa: F401,E402 - with scipy.stats, a second per section if each child imported it
 import torch  # noqa: F401,E402
+
+if torch.distributed.is_available():  # torch.testing.assert_close's first call imports it: 0.7 s
+    import torch.distributed.tensor  # noqa: F401
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
