@@ -59,6 +59,20 @@ def build_book(source: Path, output: Path, timeout: float = 3600) -> subprocess.
     )
 
 
+def fill_build_cache(source: Path, output: Path, workers: int = 2) -> subprocess.CompletedProcess:
+    """Execute the book's notebooks ``workers`` at a time into the jupyter-cache that
+    ``build_book(source, output)`` reads (tests/fill_cache.py), so the build finds them executed."""
+    import sys
+
+    timeout = load_config(source).get("execute", {}).get("timeout", 300)
+    return subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("fill_cache.py")), str(source),
+         str(output / "_build" / ".jupyter_cache"), *toc_notebooks(source),
+         "--workers", str(workers), "--timeout", str(timeout)],
+        capture_output=True, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+
+
 def load_config(root: Path = BOOK_ROOT) -> dict:
     return yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8"))
 

@@ -4,9 +4,10 @@ Every chapter is executed twice per test run, and both executions start in the
 background as soon as the tests are collected, so they overlap with the package tests:
 
 1. **The book build** (`built_book`): `jupyter-book build --all -W -n --keep-going`, exactly
-   as CI and the README run it, into a temporary folder. It executes every chapter once
-   with the book's seeds (through jupyter-cache); tests/test_notebooks.py reads that cache
-   instead of executing the chapters again, and tests/test_book.py checks the HTML.
+   as CI and the README run it, into a temporary folder. Every chapter is executed once,
+   with the book's seeds, into the build's jupyter-cache: two at a time by tests/fill_cache.py
+   just before the build, which then finds them executed. tests/test_notebooks.py reads
+   that cache instead of executing the chapters again, and tests/test_book.py checks the HTML.
 2. **The sections run** (`section_runs`): the package's wheel in a fresh venv (the Colab
    path), and every section of every chapter executed alone, after the chapter's setup
    cells, with other seeds (`TRANSFORMER_BOOK_SEED`) and ATen's AVX2 kernels
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from book_helpers import BOOK_ROOT, NOTEBOOK_TIMES, build_book
+from book_helpers import BOOK_ROOT, NOTEBOOK_TIMES, build_book, fill_build_cache
 from sections import SectionRuns, run_sections
 from wheel_env import ColabEnv, make_wheel_env
 
@@ -52,9 +53,12 @@ _jobs_lock = threading.Lock()
 def _build() -> tuple[Path, float, str]:
     out = _scratch / "book"
     start = time.perf_counter()
+    # The chapters, two at a time, into the cache the build reads; one that fails there is
+    # executed again by the build, which reports it.
+    filled = fill_build_cache(BOOK_ROOT, out)
     proc = build_book(BOOK_ROOT, out)
     seconds = time.perf_counter() - start
-    log = proc.stdout + "\n" + proc.stderr
+    log = filled.stdout + filled.stderr[-5000:] + "\n" + proc.stdout + "\n" + proc.stderr
     assert proc.returncode == 0, (
         f"jupyter-book build failed (exit {proc.returncode}) after {seconds:.0f}s for {BOOK_ROOT}:\n{log[-20000:]}"
     )
@@ -86,7 +90,7 @@ def _job(name: str, function: Callable | None = None) -> Future:
 def _needs(item: pytest.Item) -> set[str]:
     """The background jobs a test waits for (through any fixture it uses, directly or not)."""
     names = set(getattr(item, "fixturenames", ()))
-    if "built_book_output" in names:
+    if names & {"built_book_output", "built_book_log"}:
         names.add("built_book")
     return names & set(JOBS)
 
@@ -122,6 +126,12 @@ def built_book_output() -> Path:
     out, seconds, _ = _job("built_book").result()
     NOTEBOOK_TIMES["book build (every chapter executed once)"] = seconds
     return out
+
+
+@pytest.fixture(scope="session")
+def built_book_log(built_book_output: Path) -> str:
+    """What tests/fill_cache.py and `jupyter-book build` printed."""
+    return _job("built_book").result()[2]
 
 
 @pytest.fixture(scope="session")

@@ -92,6 +92,17 @@ def executions(built_book_output: Path) -> dict[str, tuple[object, object]]:
     }
 
 
+def test_the_build_found_every_chapter_executed(built_book_log: str):
+    """tests/fill_cache.py executes the chapters into the build's cache, the build reads them.
+
+    A chapter the build executed again (its cache key no longer matching the notebook
+    myst-nb reads) would still be correct, but would cost the suite its time twice.
+    """
+    again = re.findall(r"(\S+\.ipynb): Executing notebook", built_book_log)
+    assert not again, f"the book build executed again: {again}"
+    assert len(re.findall(r"Using cached notebook", built_book_log)) >= len(TOC_NOTEBOOKS), built_book_log[-3000:]
+
+
 @pytest.mark.parametrize("notebook", TOC_NOTEBOOKS)
 def test_notebook_executes(notebook, executions, record_property):
     """Each chapter executed without error in the book build (its outputs are in the cache).
