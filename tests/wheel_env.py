@@ -6,9 +6,9 @@ imports `transformer_book` from site-packages. `make_wheel_env` reproduces that:
 1. build the package's wheel from a copy of only what the wheel needs (pyproject.toml,
    README.md, src/), so the build leaves nothing in the repository;
 2. create a plain virtual environment (no system site-packages, so the repository's
-   editable install is invisible) and install the wheel with its `book` extra (the chart
-   libraries a chapter needs) plus ipykernel, with the versions
-   pinned in requirements.txt as constraints. The distributions the wheel's requirements
+   editable install is invisible; no pip of its own: the test run's pip installs into it)
+   and install the wheel with its `book` extra (the chart libraries a chapter needs) plus
+   ipykernel, with the versions pinned in requirements.txt as constraints. The distributions the wheel's requirements
    reach are linked from the test run's own environment rather than unpacked again
    (`link_requirements`), so pip adds just the wheel.
 
@@ -101,8 +101,9 @@ def make_wheel_env(root: Path) -> ColabEnv:
     assert len(wheels) == 1, f"expected one transformer_book wheel in {dist}: {list(dist.iterdir())}"
 
     # 2. A plain venv (no --system-site-packages): the repository's editable install is not in it.
+    # Without a pip of its own (installing one costs seconds): this pip installs into it (--python).
     venv = root / "venv"
-    _run([sys.executable, "-m", "venv", venv], cwd=root, env=env, timeout=INSTALL_TIMEOUT_S)
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=root, env=env, timeout=INSTALL_TIMEOUT_S)
     python = venv / "bin" / "python"
     venv_env = _clean_env(venv)
     site = Path(
@@ -113,9 +114,11 @@ def make_wheel_env(root: Path) -> ColabEnv:
     link_requirements([*wheel_requirements(wheels[0], ("book",)), Requirement("ipykernel")], site)
     _run(
         [
-            python,
+            sys.executable,
             "-m",
             "pip",
+            "--python",
+            python,
             "install",
             "--quiet",
             "-c",
@@ -169,7 +172,10 @@ def link_requirements(requirements: list[Requirement], site: Path) -> list[str]:
         if not dist.files or not requirement.specifier.contains(dist.version, prereleases=True):
             continue
         origin = Path(dist.locate_file(""))
-        tops = sorted({file.parts[0] for file in dist.files} - {".."})  # ".." holds its scripts
+        # ".." holds its scripts. __pycache__ is shared by every single-file module (six.py,
+        # typing_extensions.py): linked once, it would hide all the others' modules from the
+        # check below; Python writes the venv's own.
+        tops = sorted({file.parts[0] for file in dist.files} - {"..", "__pycache__"})
         if any((site / top).exists() for top in tops):  # e.g. the venv's own setuptools: pip's to handle
             continue
         for top in tops:
