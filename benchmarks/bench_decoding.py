@@ -7,6 +7,14 @@ bias set to -1e4) to decode exactly the requested number of tokens. Beam search
 (which always uses the cache) is timed per decoding step for a few beam sizes; with
 beam size 1 it must give greedy decoding's tokens.
 
+Why the speed-up stops growing: a cached step computes little (a few rows per matrix)
+but still runs every decoder matrix product, and products of a few rows use a CPU far
+less well than the many-row products of a full prefix. So each row also reports the time
+a cached step's matrix products take alone, timed separately with the same weights and
+rows ("products alone ms", for all the new tokens), and the speed-up the cache would show
+if a cached step cost nothing else ("speed-up bound"): a cached loop that runs these
+products cannot beat it on this machine at this batch size and precision.
+
     python benchmarks/bench_decoding.py               # base sizes, vocabulary 1,000, batch 8, source 32
     python benchmarks/bench_decoding.py --small
 """
@@ -17,11 +25,37 @@ import argparse
 import dataclasses
 
 import torch
-from common import interleaved_medians, machine, print_table, write_results
+import torch.nn.functional as F
+from common import interleaved_medians, machine, median_seconds, print_table, write_results
 
 import transformer_book as tb
 
 BOS, EOS = 1, 2
+
+
+def step_products(model: tb.Transformer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (weight, bias) of every matrix product one cached decoding step runs, in its order:
+    per decoder layer the packed q/k/v projection, the self-attention output, the
+    cross-attention query and output (its keys and values come from the cache), the two
+    feed-forward matrices; then the output layer."""
+    products = []
+    for layer in model.decoder.layers:
+        own, cross, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
+        qkv = (own.q_proj, own.k_proj, own.v_proj)
+        products.append((torch.cat([p.weight for p in qkv]), torch.cat([p.bias for p in qkv])))
+        products += [(m.weight, m.bias) for m in (own.out_proj, cross.q_proj, cross.out_proj, ff.linear1, ff.linear2)]
+    products.append((model.generator.weight, model.generator.bias))
+    return [(w.detach(), b.detach()) for w, b in products]
+
+
+def products_seconds(model: tb.Transformer, batch: int, device: torch.device, repeats: int) -> float:
+    """Median time of one cached step's matrix products alone, ``batch`` rows each, nothing else.
+
+    The base model's weights do not fit in a CPU's caches, so here, as in decoding, every
+    product reads its weights from memory."""
+    products = step_products(model)
+    rows = {w.shape[1]: torch.randn(batch, w.shape[1], device=device) for w, _ in products}
+    return median_seconds(lambda: [F.linear(rows[w.shape[1]], w, b) for w, b in products], device, repeats)
 
 
 def run(device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, new_tokens: list[int], repeats: int):
@@ -30,6 +64,8 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, 
     with torch.no_grad():
         model.generator.bias[EOS] = -1e4
     src = torch.randint(3, config.src_vocab_size, (batch, src_len), device=device)
+    # The least a cached step can cost in PyTorch: its matrix products, with nothing around them.
+    floor_s = products_seconds(model, batch, device, max(repeats, 5))
     rows = []
     for new in new_tokens:
 
@@ -47,6 +83,9 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, 
                 "cache_ms": times["cache"] * 1e3,
                 "speedup": times["no cache"] / times["cache"],
                 "identical": True,
+                # If a cached step cost only its matrix products: the most the cache could give here.
+                "cache_floor_ms": new * floor_s * 1e3,
+                "speedup_bound": times["no cache"] / (new * floor_s),
             }
         )
     return rows
@@ -96,9 +135,10 @@ def main() -> None:
              f"source {args.src_len} tokens, median of {args.repeats}")  # fmt: skip
     print_table(
         f"Greedy decoding, KV cache vs recomputing the prefix — {title}\n{machine()}",
-        ["device", "new tokens", "no cache ms", "KV cache ms", "speed-up", "identical tokens"],
+        ["device", "new tokens", "no cache ms", "KV cache ms", "speed-up", "identical tokens",
+         "products alone ms", "speed-up bound"],
         [[r["device"], r["new_tokens"], f"{r['no_cache_ms']:.1f}", f"{r['cache_ms']:.1f}",
-          f"{r['speedup']:.2f}x", "yes"] for r in rows],
+          f"{r['speedup']:.2f}x", "yes", f"{r['cache_floor_ms']:.1f}", f"{r['speedup_bound']:.2f}x"] for r in rows],
     )  # fmt: skip
     print_table(
         f"Beam search (KV cache), {max(args.new_tokens)} new tokens — {title}",
