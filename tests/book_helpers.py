@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -143,6 +144,26 @@ class PageWatch:
     console_errors: list[str] = field(default_factory=list)
     page_errors: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    # Requests started and not yet finished or failed, and when the last one started or ended.
+    in_flight: set = field(default_factory=set)
+    last_change: float = field(default_factory=time.monotonic)
+
+    def note(self, request, started: bool) -> None:
+        (self.in_flight.add if started else self.in_flight.discard)(request)
+        self.last_change = time.monotonic()
+
+    def wait_quiet(self, page, quiet_s: float = 0.5, timeout_s: float = 60.0) -> None:
+        """Wait until no request of the page has been in flight for ``quiet_s`` seconds.
+
+        Playwright's own ``networkidle`` wait is unreliable (its documentation discourages it):
+        on a long page it sometimes never resolves, though every request has finished and
+        Chromium itself reports the network idle. This counts the page's own request events."""
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight or time.monotonic() - self.last_change < quiet_s:
+            if time.monotonic() > deadline:
+                urls = [r.url for r in self.in_flight]
+                raise TimeoutError(f"requests still in flight after {timeout_s:.0f}s: {urls}")
+            page.wait_for_timeout(100)
 
 
 def watch_page(page) -> PageWatch:
@@ -162,6 +183,9 @@ def watch_page(page) -> PageWatch:
             watch.failed.append(f"failed {r.url}")
 
     page.route("**/*", route)
+    page.on("request", lambda r: watch.note(r, started=True))
+    page.on("requestfinished", lambda r: watch.note(r, started=False))
+    page.on("requestfailed", lambda r: watch.note(r, started=False))
     page.on("console", lambda m: watch.console_errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: watch.page_errors.append(str(e)))
     page.on("response", lambda r: watch.failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)

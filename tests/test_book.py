@@ -224,7 +224,7 @@ def test_page_loads_offline_and_charts_draw(name, site, browser, built_book, req
                 )
             except Exception:
                 pass  # reported below, chart by chart
-        page.wait_for_load_state("networkidle")
+        watch.wait_quiet(page)
         charts = page.evaluate(CHARTS_DRAWN_JS, ALTAIR_DIV_SELECTOR)
         math = page.evaluate(
             "() => ({tex: document.querySelectorAll('.math').length, "

@@ -68,9 +68,11 @@ def run_session(site_url: str, chromium, trained: tb.TrainedModel, dates: int = 
     watch = watch_page(page)
     report: dict = {"mismatches": [], "worst_weight_gap": 0.0, "messages": {}}
     try:
-        page.goto(f"{site_url}/intro.html", wait_until="networkidle")  # any other page, for comparison
+        page.goto(f"{site_url}/intro.html", wait_until="load")  # any other page, for comparison
+        watch.wait_quiet(page)
         report["other_page_load"] = dict(page.evaluate(RESOURCES_JS))
-        page.goto(f"{site_url}/{PAGE}.html", wait_until="networkidle")
+        page.goto(f"{site_url}/{PAGE}.html", wait_until="load")
+        watch.wait_quiet(page)
         report["first_load"] = dict(page.evaluate(RESOURCES_JS))
         page.click("#live-start")
         page.wait_for_function(
