@@ -8,9 +8,9 @@ imports `transformer_book` from site-packages. `make_wheel_env` reproduces that:
 2. create a plain virtual environment (no system site-packages, so the repository's
    editable install is invisible; no pip of its own: the test run's pip installs into it)
    and install the wheel with its `book` extra (the chart libraries a chapter needs) plus
-   ipykernel, with the versions pinned in requirements.txt as constraints. The distributions the wheel's requirements
-   reach are linked from the test run's own environment rather than unpacked again
-   (`link_requirements`), so pip adds just the wheel.
+   ipykernel, with the versions pinned in requirements.txt as constraints. The
+   distributions the wheel's requirements reach are linked from the test run's own
+   environment rather than unpacked again (`link_requirements`), so pip adds just the wheel.
 
 tests/conftest.py makes it once per session, in the background, and tests/test_sections.py
 runs every section of every chapter with its Python.
@@ -174,7 +174,7 @@ def link_requirements(requirements: list[Requirement], site: Path) -> list[str]:
         origin = Path(dist.locate_file(""))
         # ".." holds its scripts. __pycache__ is shared by every single-file module (six.py,
         # typing_extensions.py): linked once, it would hide all the others' modules from the
-        # check below; Python writes the venv's own.
+        # check below. The venv's modules get a __pycache__ of their own when Python writes one.
         tops = sorted({file.parts[0] for file in dist.files} - {"..", "__pycache__"})
         if any((site / top).exists() for top in tops):  # e.g. the venv's own setuptools: pip's to handle
             continue
