@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from .attention import record_attention
 from .data import WORD_SEPARATORS, DateTask, date_to_french
+from .masking import causal_mask, padding_mask
 from .model import Transformer
 from .recipes import TrainedModel
 
@@ -67,7 +68,7 @@ class EncoderGraph(nn.Module):
 
     def forward(self, src: Tensor) -> Tensor:
         c = self.model.config
-        src_mask = (src != c.pad_id).unsqueeze(1)  # (batch, 1, src_len): hide the padding
+        src_mask = padding_mask(src, c.pad_id)  # (batch, 1, src_len): hide the padding
         x = self.model.src_embed.lookup(src) * math.sqrt(c.d_model) + self.pe[: src.shape[1]]
         return self.model.encoder(x, src_mask)
 
@@ -89,9 +90,9 @@ class DecoderGraph(nn.Module):
 
     def forward(self, memory: Tensor, src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
         c = self.model.config
-        src_mask = (src != c.pad_id).unsqueeze(1)
+        src_mask = padding_mask(src, c.pad_id)
         length = tgt.shape[1]
-        causal = torch.ones(length, length, dtype=torch.bool, device=tgt.device).tril().unsqueeze(0)
+        causal = causal_mask(length, tgt.device)
         x = self.model.tgt_embed.lookup(tgt) * math.sqrt(c.d_model) + self.pe[:length]
         last = self.model.decoder.layers[-1]
         with record_attention(last) as weights:  # the last layer's attentions keep their weights
