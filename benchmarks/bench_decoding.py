@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from common import interleaved_medians, machine, median_seconds, print_table, write_results
 
 import transformer_book as tb
@@ -49,13 +48,19 @@ def step_products(model: tb.Transformer) -> list[tuple[torch.Tensor, torch.Tenso
 
 
 def products_seconds(model: tb.Transformer, batch: int, device: torch.device, repeats: int) -> float:
-    """Median time of one cached step's matrix products alone, ``batch`` rows each, nothing else.
+    """Median time of one cached step's matrix products alone, ``batch`` rows each, nothing else,
+    on the kernels a cached step uses (in inference mode: oneDNN with packed weights on a CPU).
 
     The base model's weights do not fit in a CPU's caches, so here, as in decoding, every
     product reads its weights from memory."""
-    products = step_products(model)
-    rows = {w.shape[1]: torch.randn(batch, w.shape[1], device=device) for w, _ in products}
-    return median_seconds(lambda: [F.linear(rows[w.shape[1]], w, b) for w, b in products], device, repeats)
+    products = [(w, b, tb.kernels.PackedWeight()) for w, b in step_products(model)]
+    rows = {w.shape[1]: torch.randn(batch, w.shape[1], device=device) for w, _, _ in products}
+
+    @torch.inference_mode()
+    def step() -> list[torch.Tensor]:
+        return [packed.linear(rows[w.shape[1]], w, b) for w, b, packed in products]
+
+    return median_seconds(step, device, repeats)
 
 
 def run(device: torch.device, config: tb.ModelConfig, batch: int, src_len: int, new_tokens: list[int], repeats: int):

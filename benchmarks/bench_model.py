@@ -3,15 +3,17 @@
 Both models compute the same function: the nn.Transformer gets PyTorch's own
 encoder and decoder layers holding a copy of our weights, between embeddings,
 positional encoding and an output layer of its own (a copy of ours). Both train with
-Adam, dropout 0.1, in train mode. The achieved GFLOP/s is printed next to a plain
-matmul's, measured in the same run.
+Adam, dropout 0.1, in train mode. A third copy of our model runs on PyTorch's own
+kernels (``tb.kernels.pytorch_kernels()``) instead of the package's CPU kernels, to
+show how much of the difference the kernels make. The achieved GFLOP/s is printed
+next to a plain matmul's, measured in the same run.
 
-How it is timed, so that the ratio means what it says: the two models take turns,
-in the order A B B A, step after step, so a slow drift of the machine (these are
-shared machines) and the order itself hit both alike; the ratio reported is the
-median over rounds of (ours / theirs) within the round, with the lowest and highest
-round beside it. The paper's base sizes with a vocabulary of 1,000 (a vocabulary of
-37,000 would make the one identical output layer dominate both times).
+How it is timed, so that the ratio means what it says: the models take turns, in the
+order A B C C B A, step after step, so a slow drift of the machine (these are shared
+machines) and the order itself hit all alike; the ratio reported is the median over
+rounds of (ours / theirs) within the round, with the lowest and highest round beside it.
+The paper's base sizes with a vocabulary of 1,000 (a vocabulary of 37,000 would make
+the one identical output layer dominate both times).
 
     python benchmarks/bench_model.py                # base sizes, vocabulary 1,000, batch 8 x 64 tokens
     python benchmarks/bench_model.py --small        # a quick run
@@ -20,9 +22,11 @@ round beside it. The paper's base sizes with a vocabulary of 1,000 (a vocabulary
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -66,33 +70,44 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
     tb.seed_everything(0)
     ours = tb.make_model(config).to(device)
     theirs = PyTorchTransformer(ours).to(device)
-    # Separate weights for the baseline so the two optimisers do not share state.
+    # Separate weights for each so that their optimisers do not share state.
     theirs.ours = tb.make_model(config).to(device)
     theirs.ours.load_state_dict(ours.state_dict())
+    # The package's model on PyTorch's own kernels: how much of the difference is the kernels'.
+    plain = tb.make_model(config).to(device)
+    plain.load_state_dict(ours.state_dict())
 
     src = torch.randint(1, config.src_vocab_size, (batch, length), device=device)
     tgt = torch.randint(1, config.tgt_vocab_size, (batch, length + 1), device=device)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     src_mask, tgt_mask = tb.padding_mask(src), tb.causal_mask(length, device)
-    optimisers = {
-        name: torch.optim.Adam(model.parameters(), lr=1e-4) for name, model in (("ours", ours), ("theirs", theirs))
-    }
+    models = {"ours": ours, "theirs": theirs, "plain": plain}
+    optimisers = {name: torch.optim.Adam(model.parameters(), lr=1e-4) for name, model in models.items()}
 
-    def train_step(name, model):
+    def kernels(name):
+        return tb.kernels.pytorch_kernels() if name == "plain" else contextlib.nullcontext()
+
+    def train_step(name):
+        model = models[name]
+
         def step():
             model.train()
             optimisers[name].zero_grad(set_to_none=True)
-            logits = model(src, tgt_in, src_mask, tgt_mask)
-            F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).backward()
+            with kernels(name):
+                logits = model(src, tgt_in, src_mask, tgt_mask)
+                F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).backward()
             optimisers[name].step()
 
         return step
 
-    def eval_forward(model):
+    def eval_forward(name):
+        model = models[name]
+
         @torch.inference_mode()
         def forward():
             model.eval()
-            model(src, tgt_in, src_mask, tgt_mask)
+            with kernels(name):
+                model(src, tgt_in, src_mask, tgt_mask)
 
         return forward
 
@@ -103,10 +118,10 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
             ours(src, tgt_in, src_mask, tgt_mask), theirs(src, tgt_in, src_mask, tgt_mask), atol=1e-4, rtol=1e-4
         )
 
-    train_flops = flops(train_step("ours", ours))
-    eval_flops = flops(eval_forward(ours))
-    train = paired_ratios(train_step("ours", ours), train_step("theirs", theirs), device, repeats)
-    evals = paired_ratios(eval_forward(ours), eval_forward(theirs), device, repeats)
+    train_flops = flops(train_step("ours"))  # under FlopCounterMode ours run aten's own ops
+    eval_flops = flops(eval_forward("ours"))
+    train = paired_ratios({name: train_step(name) for name in models}, device, repeats)
+    evals = paired_ratios({name: eval_forward(name) for name in models}, device, repeats)
 
     n = 2048 if device.type == "cpu" else 8192
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
@@ -118,6 +133,7 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
         rows.append({
             "device": device.type, "what": label, "ours_ms": times["ours"] * 1e3, "theirs_ms": times["theirs"] * 1e3,
             "ratio": times["ratio"], "ratio_min": times["ratio_min"], "ratio_max": times["ratio_max"],
+            "plain_ms": times["plain"] * 1e3, "plain_ratio": times["plain_ratio"],
             "gflop": work / 1e9, "ours_gflops": work / times["ours"] / 1e9,
             "theirs_gflops": work / times["theirs"] / 1e9,
             "matmul_gflops": matmul_gflops, "tokens_per_s": batch * length / times["ours"],
@@ -125,24 +141,36 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
     return rows
 
 
-def paired_ratios(ours, theirs, device: torch.device, repeats: int) -> dict[str, float]:
-    """Time ``ours`` and ``theirs`` in rounds of A B B A; medians of each and of the per-round ratio."""
-    for fn in (ours, theirs):
+def paired_ratios(fns: dict[str, Callable[[], None]], device: torch.device, repeats: int) -> dict[str, float]:
+    """Time ``fns`` in rounds, in order and then in reverse (A B C C B A).
+
+    Returns each one's median seconds, and for each but ``"theirs"`` the median, lowest
+    and highest over rounds of its time over ``"theirs"``'s in the same round
+    (``ratio``, ``ratio_min``, ``ratio_max`` for ``"ours"``; ``<name>_ratio`` and so on
+    for the others).
+    """
+    for fn in fns.values():
         fn()
-    ratios, times = [], {"ours": [], "theirs": []}
+    order = [*fns.items(), *reversed(fns.items())]
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        spent = {"ours": 0.0, "theirs": 0.0}
-        for name, fn in (("ours", ours), ("theirs", theirs), ("theirs", theirs), ("ours", ours)):
+        spent = dict.fromkeys(fns, 0.0)
+        for name, fn in order:
             synchronize(device)
             start = time.perf_counter()
             fn()
             synchronize(device)
             spent[name] += (time.perf_counter() - start) / 2
-        ratios.append(spent["ours"] / spent["theirs"])
-        for name in spent:
+        for name in fns:
             times[name].append(spent[name])
-    return {"ours": statistics.median(times["ours"]), "theirs": statistics.median(times["theirs"]),
-            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}  # fmt: skip
+    result = {name: statistics.median(seconds) for name, seconds in times.items()}
+    for name in fns:
+        if name != "theirs":
+            ratios = [mine / base for mine, base in zip(times[name], times["theirs"], strict=True)]
+            prefix = "" if name == "ours" else f"{name}_"
+            result |= {f"{prefix}ratio": statistics.median(ratios), f"{prefix}ratio_min": min(ratios),
+                       f"{prefix}ratio_max": max(ratios)}  # fmt: skip
+    return result
 
 
 def main() -> None:
@@ -151,7 +179,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size (shared, tied)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=10, help="rounds of A B B A")
+    parser.add_argument("--repeats", type=int, default=10, help="rounds of A B C C B A")
     args = parser.parse_args()
     config = tb.ModelConfig.small(args.vocab) if args.small else tb.ModelConfig.base(args.vocab)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
@@ -161,10 +189,11 @@ def main() -> None:
              f"batch {args.batch} x {args.length} tokens, float32, {args.repeats} rounds of A B B A")  # fmt: skip
     print_table(
         f"{title}\n{machine()}",
-        ["what", "ours ms", "nn.Transformer ms", "ratio (median, min-max)", "GFLOP", "ours GFLOP/s", "theirs GFLOP/s",
-         "matmul GFLOP/s", "ours / matmul"],
+        ["what", "ours ms", "nn.Transformer ms", "ratio (median, min-max)", "ours on PyTorch's kernels: ratio",
+         "GFLOP", "ours GFLOP/s", "theirs GFLOP/s", "matmul GFLOP/s", "ours / matmul"],
         [[f"{r['device']}: {r['what']}", f"{r['ours_ms']:.1f}", f"{r['theirs_ms']:.1f}",
-          f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})", f"{r['gflop']:.1f}",
+          f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})", f"{r['plain_ratio']:.3f}",
+          f"{r['gflop']:.1f}",
           f"{r['ours_gflops']:.1f}",
           f"{r['theirs_gflops']:.1f}", f"{r['matmul_gflops']:.1f}", f"{r['ours_gflops'] / r['matmul_gflops']:.0%}"]
          for r in rows],

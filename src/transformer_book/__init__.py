@@ -12,8 +12,10 @@ Each module mirrors a chapter of The Executable Transformer:
 - ``inference``   — chapter 9, greedy decoding with a KV cache, beam search
 - ``export``      — chapter 10, the dates model as ONNX graphs for onnxruntime and the browser
 - ``runtime``     — device, seeding (``TRANSFORMER_BOOK_SEED``), versions
+- ``kernels``     — appendix C, the CPU kernels behind the model's ``Linear`` and ``Dropout``
 """
 
+from . import kernels
 from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
 from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
@@ -99,4 +101,5 @@ __all__ = [
     "sublayer_connection",
     "target_mask",
     "to_pytorch_mask",
+    "kernels",
 ]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_features, check_mask, check_positive, check_probability, require_tensor, shape_of
+from .kernels import Linear, PackedWeight, linear, weight_stamp
 
 
 def scaled_dot_product_attention(
@@ -147,14 +148,14 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.d_head = d_model // num_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.q_proj = Linear(d_model, d_model, bias=bias)
+        self.k_proj = Linear(d_model, d_model, bias=bias)
+        self.v_proj = Linear(d_model, d_model, bias=bias)
+        self.out_proj = Linear(d_model, d_model, bias=bias)
         # Set by record_attention(): keep the weights of the last call for charts.
         self.record_weights = False
         self.last_weights: Tensor | None = None
-        # The packed q/k/v (or k/v) weights for inference, with the parameters' versions they match.
+        # The packed q/k/v (or k/v) weights for inference, with the parameters' stamp they match.
         self._packed_cache: dict[str, tuple] = {}
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -175,21 +176,20 @@ class MultiHeadAttention(nn.Module):
         if torch.is_grad_enabled():  # training: the concatenation must be part of the autograd graph
             weight = torch.cat([p.weight for p in projections])
             bias = torch.cat([p.bias for p in projections]) if projections[0].bias is not None else None
-        else:  # inference: concatenate once, again only when an optimiser has changed the weights
-            weight, bias = self._packed_weights(which, projections)
-        return F.linear(x, weight, bias).chunk(len(projections), dim=-1)
+            return linear(x, weight, bias).chunk(len(projections), dim=-1)
+        # inference: concatenate once, again only when an optimiser has changed the weights
+        stamp, weight, bias, packed = self._packed_weights(which, projections)
+        return packed.linear(x, weight, bias, stamp).chunk(len(projections), dim=-1)
 
-    def _packed_weights(self, which: str, projections: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
-        params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
-        # A parameter's _version counts its in-place changes (optimizer steps, load_state_dict).
-        # (A move to another device or dtype gives new storage, so a new data_ptr.)
-        stamp = tuple((t.data_ptr(), t._version) for t in params)
+    def _packed_weights(self, which: str, projections: list[nn.Linear]) -> tuple:
+        """``(stamp, weight, bias, PackedWeight)`` of the concatenated ``which`` projections."""
+        stamp = weight_stamp(*(t for p in projections for t in (p.weight, p.bias)))
         cached = self._packed_cache.get(which)
         if cached is None or cached[0] != stamp:
             weight = torch.cat([p.weight for p in projections]).detach()
             bias = torch.cat([p.bias for p in projections]).detach() if projections[0].bias is not None else None
-            cached = self._packed_cache[which] = (stamp, weight, bias)
-        return cached[1], cached[2]
+            cached = self._packed_cache[which] = (stamp, weight, bias, PackedWeight())
+        return cached
 
     def split_heads(self, x: Tensor) -> Tensor:
         """``(B, len, d_model)`` → ``(B, heads, len, d_head)``."""

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from ._checks import check_features, check_positive
 from .attention import KVCache, MultiHeadAttention
+from .kernels import Dropout
 from .layers import FeedForward, final_norm, sublayer_connection
 
 
@@ -39,9 +40,9 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.norm3 = nn.LayerNorm(d_model)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
 
     def forward(
         self,

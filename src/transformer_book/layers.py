@@ -12,6 +12,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from ._checks import check_positive, check_probability
+from .kernels import Dropout, Linear
 
 
 class FeedForward(nn.Module):
@@ -26,9 +27,9 @@ class FeedForward(nn.Module):
         check_positive(d_model, "d_model")
         check_positive(d_ff, "d_ff")
         check_probability(dropout, "dropout")
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.linear1 = Linear(d_model, d_ff)
+        self.linear2 = Linear(d_ff, d_model)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.linear1(x).relu()))

@@ -11,6 +11,7 @@ from ._checks import check_mask, check_positive, check_probability, check_tokens
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
+from .kernels import Linear
 from .masking import padding_mask, target_mask
 from .positional import PositionalEncoding
 
@@ -96,7 +97,7 @@ class Transformer(nn.Module):
         self.positional = PositionalEncoding(c.d_model, c.max_len, c.dropout)
         self.encoder = Encoder(EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first), c.num_layers)
         self.decoder = Decoder(DecoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first), c.num_layers)
-        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
+        self.generator = Linear(c.d_model, c.tgt_vocab_size)
         if c.share_embeddings:
             # The paper ties three matrices: both embeddings and the pre-softmax projection.
             self.tgt_embed.lookup.weight = self.src_embed.lookup.weight

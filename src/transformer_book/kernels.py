@@ -1,0 +1,224 @@
+"""Appendix C: faster CPU kernels behind the model's ``Linear`` and ``Dropout``.
+
+Both classes are ``nn.Linear`` and ``nn.Dropout``: same parameters, same
+``state_dict``, same results to float rounding. Only the kernels differ, and only for
+float32 tensors on a CPU; anywhere else (a GPU, float64, autocast, ``torch.compile``
+or ``torch.export``, a PyTorch without oneDNN) they run PyTorch's own.
+
+Why, measured on this project's machines (``benchmarks/bench_model.py`` and
+``bench_decoding.py`` print the effect):
+
+- **Matrix products.** PyTorch sends ``F.linear`` on a CPU to MKL's sgemm. oneDNN,
+  the other matrix library PyTorch ships, is about a fifth faster on an AMD EPYC for the
+  many-row products of training, and two to three times faster for the few-row
+  products of a decoding step once a weight is reordered into its blocked layout.
+  Reordering reads and writes the whole weight, so it pays only when the weight is
+  then used many times unchanged: in ``torch.inference_mode``, where no optimiser can
+  change it (the step ``torch.compile`` takes for a frozen CPU model). In training the
+  forward product and the input's gradient use oneDNN, the weight's gradient MKL, each
+  the faster there. oneDNN computes in exact float32 (its default math mode).
+- **Dropout masks.** ``F.dropout`` draws one float per element with ``bernoulli_``,
+  which on CPUs other than Intel's runs on a single thread, one 32-bit draw per
+  element. :class:`Dropout` draws 16 random bits per element from the same seeded
+  generator and keeps an element when they reach a threshold, so the drop
+  probability is ``p`` rounded to a multiple of 1/65536 (0.1 becomes 0.100006); kept
+  values are scaled by the exact inverse of the keep probability, so the expected
+  output is still the input. The mask is kept as one byte per element for backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_ONEDNN: bool | None = None  # oneDNN's linear ops present in this PyTorch? Decided on first use.
+_USE_OWN = True  # False inside pytorch_kernels()
+
+
+@contextmanager
+def pytorch_kernels() -> Iterator[None]:
+    """Within the block, :class:`Linear`, :class:`Dropout` and :func:`linear` run PyTorch's
+    own kernels (``F.linear``, ``F.dropout``), to compare the two."""
+    global _USE_OWN
+    before, _USE_OWN = _USE_OWN, False
+    try:
+        yield
+    finally:
+        _USE_OWN = before
+
+
+def _onednn_available() -> bool:
+    global _ONEDNN
+    if _ONEDNN is None:
+        try:
+            ops = torch.ops.mkldnn
+            _ONEDNN = torch.backends.mkldnn.is_available() and all(
+                hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
+            )
+        except (AttributeError, RuntimeError):
+            _ONEDNN = False
+    return _ONEDNN
+
+
+def _plain_cpu_float32(*tensors: Tensor | None) -> bool:
+    """Eager float32 CPU tensors, outside autocast, compilers and dispatch modes: where these
+    kernels apply. (A dispatch mode, such as ``FlopCounterMode`` or the fake tensors of
+    ``torch.export``, sees every aten op and should keep seeing them.)"""
+    return (
+        _USE_OWN
+        and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors)
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+    )
+
+
+def _onednn_eligible(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    return _plain_cpu_float32(x, weight, bias) and x.dim() >= 2 and _onednn_available()
+
+
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear``: ``x (..., in)``, ``weight (out, in)`` → ``(..., out)``, with oneDNN doing
+    the products on a CPU (the weight's gradient stays with MKL, faster there)."""
+    if not _onednn_eligible(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _TrainingLinear.apply(x, weight, bias)
+    return _onednn_linear(x, weight, bias)
+
+
+class _TrainingLinear(torch.autograd.Function):
+    """``x @ weight.T + bias`` with oneDNN for the product and the input's gradient, MKL for the weight's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        grad_x = _onednn_linear(grad, weight.t(), None) if ctx.needs_input_grad[0] else None
+        rows = grad.reshape(-1, grad.shape[-1])  # (positions, out)
+        grad_weight = rows.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        grad_bias = rows.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
+def weight_stamp(*tensors: Tensor | None) -> tuple:
+    """What identifies the values of ``tensors`` now: storage, shape, dtype and version.
+
+    A parameter's ``_version`` counts its in-place changes (optimiser steps,
+    ``load_state_dict``); a move to another device or dtype makes new storage.
+    """
+    return tuple((t.data_ptr(), tuple(t.shape), t.dtype, t._version) for t in tensors if t is not None)
+
+
+class PackedWeight:
+    """oneDNN's blocked copy of one weight matrix, made on first use in inference mode.
+
+    It is made again when the weight changes (see :func:`weight_stamp`), and never
+    copied or saved: ``copy.deepcopy`` and pickling give an empty one, so a module
+    holding it copies, saves and loads like any other.
+    """
+
+    def __init__(self) -> None:
+        self._stamp: tuple | None = None
+        self._packed: Tensor | None = None
+
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, stamp: tuple | None = None) -> Tensor:
+        """``F.linear(x, weight, bias)``: ``x (..., in)``, ``weight (out, in)`` → ``(..., out)``.
+
+        ``stamp`` identifies ``weight``'s values when ``weight`` is itself derived (the
+        packed q/k/v matrix, an inference tensor, whose own version is not tracked);
+        by default it is the weight's own :func:`weight_stamp`.
+        """
+        if not (torch.is_inference_mode_enabled() and _onednn_eligible(x, weight, bias)):
+            return linear(x, weight, bias)
+        stamp = weight_stamp(weight) if stamp is None else stamp
+        if self._packed is None or self._stamp != stamp:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            self._stamp = stamp
+        return _onednn_linear(x, self._packed, bias)
+
+    def __deepcopy__(self, memo: dict) -> PackedWeight:
+        return PackedWeight()
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def __repr__(self) -> str:
+        return f"PackedWeight({'empty' if self._packed is None else 'packed'})"
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same ``state_dict``) on oneDNN's kernels on a CPU.
+
+    ``x (..., in_features)`` → ``(..., out_features)``. In inference mode the weight is
+    packed once (see :class:`PackedWeight`).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.packed = PackedWeight()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.packed.linear(x, self.weight, self.bias)
+
+
+class _MaskedScale(torch.autograd.Function):
+    """``x * keep * scale`` whose backward multiplies by the same boolean mask."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x * keep * scale
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (keep,) = ctx.saved_tensors
+        return grad * keep * ctx.scale, None, None
+
+
+def dropout_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[Tensor, float]:
+    """A boolean keep-mask of ``shape`` from 16 random bits per element, and the scale
+    ``1 / P(keep)`` for the kept values. The drop probability is ``p`` rounded to a
+    multiple of 1/65536; the bits come from PyTorch's default (seeded) generator."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    dropped = round(p * 65536)  # of the 65,536 values of 16 bits, this many drop
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+    lanes = words.view(torch.int16)[:numel].view(shape)  # uniform on -32768 .. 32767
+    return lanes >= dropped - 32768, 65536 / (65536 - dropped)
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` whose mask, on a CPU, costs a fraction of ``bernoulli_``'s draws.
+
+    Same module, same meaning: in training each element is zeroed with probability
+    ``p`` (to 1/65536) and the rest scaled up so the expected output is the input; in
+    eval mode it is the identity. See the module's docstring for why.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self.p == 1.0 or self.inplace or not _plain_cpu_float32(x):
+            return F.dropout(x, self.p, self.training, self.inplace)
+        keep, scale = dropout_mask(x.shape, self.p)
+        return _MaskedScale.apply(x, keep, scale)
