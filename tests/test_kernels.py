@@ -1,0 +1,140 @@
+"""The package's CPU kernels (transformer_book.kernels): nn.Linear's and nn.Dropout's results,
+on other kernels, in every mode the model runs in."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import transformer_book as tb
+from transformer_book.kernels import Dropout, Linear, PackedWeight, linear, pytorch_kernels
+
+
+def twins(bias: bool) -> tuple[Linear, nn.Linear]:
+    torch.manual_seed(0)
+    ours = Linear(48, 80, bias=bias)
+    theirs = nn.Linear(48, 80, bias=bias)
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(7, 48), (3, 5, 48)])
+def test_linear_matches_nn_linear_in_every_mode(bias: bool, shape: tuple[int, ...]) -> None:
+    ours, theirs = twins(bias)
+    x = torch.randn(shape)
+    expected = theirs(x).detach()
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(x), expected)
+        torch.testing.assert_close(ours(x), expected)  # the packed weight, reused
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), expected)
+    mine, reference = x.clone().requires_grad_(), x.clone().requires_grad_()
+    grad = torch.randn(*shape[:-1], 80)
+    ours(mine).backward(grad)
+    theirs(reference).backward(grad)
+    torch.testing.assert_close(mine.grad, reference.grad)
+    torch.testing.assert_close(ours.weight.grad, theirs.weight.grad)
+    if bias:
+        torch.testing.assert_close(ours.bias.grad, theirs.bias.grad)
+
+
+def test_linear_takes_a_strided_input() -> None:
+    ours, theirs = twins(True)
+    x = torch.randn(4, 6, 48)[:, -1]  # (4, 48), rows 6 * 48 apart: a decoder's last position
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(x), theirs(x))
+
+
+def test_packed_weight_follows_optimiser_steps_and_load_state_dict() -> None:
+    ours, _ = twins(True)
+    x = torch.randn(5, 48)
+    optimiser = torch.optim.SGD(ours.parameters(), lr=0.5)
+    for _ in range(2):
+        with torch.inference_mode():
+            torch.testing.assert_close(ours(x), F.linear(x, ours.weight, ours.bias))
+        optimiser.zero_grad()
+        ours(x).square().sum().backward()
+        optimiser.step()
+    ours.load_state_dict({"weight": torch.zeros(80, 48), "bias": torch.ones(80)})
+    with torch.inference_mode():
+        assert torch.equal(ours(x), torch.ones(5, 80))
+
+
+def test_a_model_that_decoded_copies_and_saves() -> None:
+    model = tb.make_model(tb.ModelConfig.small(20)).eval()
+    src = torch.randint(3, 20, (2, 6))
+    tokens = tb.greedy_decode(model, src, 8, 1, 2)
+    assert "packed" in repr(model.generator.packed)
+    twin = copy.deepcopy(model)
+    assert "empty" in repr(twin.generator.packed)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(tb.greedy_decode(twin, src, 8, 1, 2), tokens)
+    assert torch.equal(tb.greedy_decode(loaded, src, 8, 1, 2), tokens)
+
+
+def test_pytorch_kernels_and_dispatch_modes_see_aten_ops() -> None:
+    ours, _ = twins(True)
+    x = torch.randn(5, 48)
+    with pytorch_kernels():
+        assert torch.equal(ours(x), F.linear(x, ours.weight, ours.bias))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        ours(x)
+    assert counter.get_total_flops() == 2 * 5 * 48 * 80
+
+
+def test_other_dtypes_and_autocast_use_pytorch() -> None:
+    ours, _ = twins(True)
+    x = torch.randn(5, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ours(x).dtype == torch.bfloat16
+    ours64 = copy.deepcopy(ours).double()
+    assert torch.equal(ours64(x.double()), F.linear(x.double(), ours64.weight, ours64.bias))
+    assert torch.equal(linear(x.double(), ours64.weight), F.linear(x.double(), ours64.weight))
+    assert isinstance(ours, nn.Linear) and set(ours.state_dict()) == {"weight", "bias"}
+    assert repr(PackedWeight()) == "PackedWeight(empty)"
+
+
+def test_dropout_drops_p_and_keeps_the_mean() -> None:
+    torch.manual_seed(0)
+    layer = Dropout(0.1)
+    x = torch.ones(1000, 1000, requires_grad=True)
+    y = layer(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.0015  # 5 standard deviations of 10^6 draws
+    assert abs(y.mean().item() - 1.0) < 0.002
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 65536 / (65536 - 6554)))
+    y.backward(torch.full_like(y, 2.0))
+    assert torch.equal(x.grad, 2.0 * y.detach())  # the gradient flows through the same mask
+
+
+def test_dropout_is_seeded_and_falls_back_where_it_should() -> None:
+    layer = Dropout(0.3)
+    x = torch.randn(64, 33)
+    torch.manual_seed(5)
+    first = layer(x)
+    torch.manual_seed(5)
+    assert torch.equal(layer(x), first)
+    assert torch.equal(Dropout(0.0)(x), x) and torch.equal(Dropout(1.0)(x), torch.zeros_like(x))
+    assert layer.eval()(x) is x
+    layer.train()
+    torch.manual_seed(5)
+    expected = F.dropout(x.double(), 0.3)
+    torch.manual_seed(5)
+    assert torch.equal(layer(x.double()), expected)  # float64: PyTorch's own dropout
+    with pytorch_kernels():
+        torch.manual_seed(5)
+        expected = F.dropout(x, 0.3)
+        torch.manual_seed(5)
+        assert torch.equal(layer(x), expected)
