@@ -22,8 +22,8 @@ Why, measured on this project's machines (``benchmarks/bench_model.py`` and
   element. :class:`Dropout` draws 16 random bits per element from the same seeded
   generator and keeps an element when they reach a threshold, so the drop
   probability is ``p`` rounded to a multiple of 1/65536 (0.1 becomes 0.100006); kept
-  values are scaled by the exact inverse of the keep probability, so the expected
-  output is still the input. The mask is kept as one byte per element for backward.
+  values are scaled by ``1 / (1 - p)``, as ``nn.Dropout`` does. The mask is kept as
+  one byte per element for backward.
 """
 
 from __future__ import annotations
@@ -194,25 +194,25 @@ class _MaskedScale(torch.autograd.Function):
         return grad * keep * ctx.scale, None, None
 
 
-def dropout_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[Tensor, float]:
-    """A boolean keep-mask of ``shape`` from 16 random bits per element, and the scale
-    ``1 / P(keep)`` for the kept values. The drop probability is ``p`` rounded to a
-    multiple of 1/65536; the bits come from PyTorch's default (seeded) generator."""
+def dropout_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
+    """A boolean keep-mask of ``shape`` from 16 random bits per element: False with
+    probability ``p`` rounded to a multiple of 1/65536. The bits come from PyTorch's
+    default (seeded) generator."""
     numel = 1
     for size in shape:
         numel *= size
     dropped = round(p * 65536)  # of the 65,536 values of 16 bits, this many drop
     words = torch.empty((numel + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
     lanes = words.view(torch.int16)[:numel].view(shape)  # uniform on -32768 .. 32767
-    return lanes >= dropped - 32768, 65536 / (65536 - dropped)
+    return lanes >= dropped - 32768
 
 
 class Dropout(nn.Dropout):
     """``nn.Dropout`` whose mask, on a CPU, costs a fraction of ``bernoulli_``'s draws.
 
     Same module, same meaning: in training each element is zeroed with probability
-    ``p`` (to 1/65536) and the rest scaled up so the expected output is the input; in
-    eval mode it is the identity. See the module's docstring for why.
+    ``p`` (to 1/65536) and the rest scaled by ``1 / (1 - p)``; in eval mode it is the
+    identity. See the module's docstring for why.
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -220,5 +220,4 @@ class Dropout(nn.Dropout):
             return x
         if self.p == 1.0 or self.inplace or not _plain_cpu_float32(x):
             return F.dropout(x, self.p, self.training, self.inplace)
-        keep, scale = dropout_mask(x.shape, self.p)
-        return _MaskedScale.apply(x, keep, scale)
+        return _MaskedScale.apply(x, dropout_mask(x.shape, self.p), 1.0 / (1.0 - self.p))
