@@ -45,11 +45,18 @@ def test_linear_matches_nn_linear_in_every_mode(bias: bool, shape: tuple[int, ..
         torch.testing.assert_close(ours.bias.grad, theirs.bias.grad)
 
 
-def test_linear_takes_a_strided_input() -> None:
+def test_linear_takes_strided_inputs_and_gradients() -> None:
     ours, theirs = twins(True)
     x = torch.randn(4, 6, 48)[:, -1]  # (4, 48), rows 6 * 48 apart: a decoder's last position
     with torch.inference_mode():
         torch.testing.assert_close(ours(x), theirs(x))
+    x = torch.randn(5, 7, 48)[:, ::2].requires_grad_()
+    reference = x.detach().clone().requires_grad_()
+    grad = torch.randn(80, 4, 5).permute(2, 1, 0)  # (5, 4, 80), not contiguous
+    ours(x).backward(grad)
+    theirs(reference).backward(grad)
+    torch.testing.assert_close(x.grad, reference.grad)
+    torch.testing.assert_close(ours.weight.grad, theirs.weight.grad)
 
 
 def test_packed_weight_follows_optimiser_steps_and_load_state_dict() -> None:
