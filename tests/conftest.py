@@ -11,7 +11,8 @@ background as soon as the tests are collected, so they overlap with the package 
 2. **The sections run** (`section_runs`): the package's wheel in a fresh venv (the Colab
    path), and every section of every chapter executed alone, after the chapter's setup
    cells, with other seeds (`TRANSFORMER_BOOK_SEED`) and ATen's AVX2 kernels
-   (`ATEN_CPU_CAPABILITY=avx2`, the float rounding of another CPU kind).
+   (`ATEN_CPU_CAPABILITY=avx2`, the float rounding of another CPU kind): one section at a
+   time while the build runs, then one per core.
 
 Tests that need either are moved to the end of the run. Set BOOK_ROOT to build another
 copy of the book (default: the repository root).
@@ -50,13 +51,20 @@ _jobs: dict[str, Future] = {}
 _jobs_lock = threading.Lock()
 
 
+# Created when the book build is done: from then on the sections run uses every core.
+_BUILD_DONE = _scratch / "build-done"
+
+
 def _build() -> tuple[Path, float, str]:
     out = _scratch / "book"
     start = time.perf_counter()
-    # The chapters, two at a time, into the cache the build reads; one that fails there is
-    # executed again by the build, which reports it.
-    filled = fill_build_cache(BOOK_ROOT, out)
-    proc = build_book(BOOK_ROOT, out)
+    try:
+        # The chapters, two at a time, into the cache the build reads; one that fails there is
+        # executed again by the build, which reports it.
+        filled = fill_build_cache(BOOK_ROOT, out)
+        proc = build_book(BOOK_ROOT, out)
+    finally:
+        _BUILD_DONE.touch()
     seconds = time.perf_counter() - start
     log = filled.stdout + filled.stderr[-5000:] + "\n" + proc.stdout + "\n" + proc.stderr
     assert proc.returncode == 0, (
@@ -73,7 +81,7 @@ def _wheel_env() -> ColabEnv:
 
 def _sections() -> SectionRuns:
     env = _job("wheel_env", _wheel_env)
-    return run_sections(env.result(), _scratch / "sections")
+    return run_sections(env.result(), _scratch / "sections", widen_when=_BUILD_DONE)
 
 
 JOBS: dict[str, Callable] = {"built_book": _build, "wheel_env": _wheel_env, "section_runs": _sections}

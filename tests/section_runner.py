@@ -2,13 +2,15 @@
 
 Usage (by tests/test_sections.py, with the Python of the wheel's virtual environment)::
 
-    python section_runner.py JOBS.json RESULTS_DIR [--workers N] [--timeout S]
+    python section_runner.py JOBS.json RESULTS_DIR [--workers N] [--timeout S] [--widen-when FILE --wide N]
 
 JOBS.json is a list of ``{"id", "folder", "seed", "cells"}``: ``cells`` are the code cells to run in
 order (a chapter's setup cells, then one section's). For each job this process forks a
 child that starts from an empty user namespace, sets ``TRANSFORMER_BOOK_SEED`` to the
 job's seed, runs the cells with IPython (magics and
 ``display`` work as in a notebook) from ``folder``, and writes ``RESULTS_DIR/<id>.json``.
+It runs ``--workers`` children at a time, and ``--wide`` once the file ``--widen-when``
+exists (the test suite creates it when the book build, which shares the cores, is done).
 
 Why fork rather than start a Jupyter kernel per section: a kernel costs about four seconds
 to start and import torch, pandas and Altair, and the book has over fifty sections. The
@@ -95,12 +97,15 @@ def main() -> int:
     parser.add_argument("results", type=Path)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--widen-when", type=Path, help="once this file exists, run --wide children at a time")
+    parser.add_argument("--wide", type=int, default=1)
     args = parser.parse_args()
     jobs = json.loads(args.jobs.read_text())
     args.results.mkdir(parents=True, exist_ok=True)
     pending, running = list(jobs), {}
     while pending or running:
-        while pending and len(running) < args.workers:
+        workers = args.wide if args.widen_when and args.widen_when.exists() else args.workers
+        while pending and len(running) < workers:
             job = pending.pop(0)
             sys.stdout.flush()
             pid = os.fork()

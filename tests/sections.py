@@ -87,11 +87,16 @@ class SectionRuns:
 
 
 def run_sections(
-    env: ColabEnv | None, work: Path, workers: int | None = None, notebooks: list[str] | None = None
+    env: ColabEnv | None,
+    work: Path,
+    workers: int | None = None,
+    notebooks: list[str] | None = None,
+    widen_when: Path | None = None,
 ) -> SectionRuns:
     """Run every section alone (see the module docstring); returns every section's report.
 
     ``env`` is the wheel's venv; ``None`` runs with this Python (the checkout's package).
+    Once the file ``widen_when`` exists, as many sections run at a time as there are cores.
     """
     setups, sections = book_sections(notebooks=notebooks)
     work.mkdir(parents=True, exist_ok=True)
@@ -104,13 +109,14 @@ def run_sections(
         jobs.append({"id": section.id, "folder": str(folder), "seed": seeds[section.id],
                      "cells": setups[section.notebook] + list(section.cells)})  # fmt: skip
     (work / "jobs.json").write_text(json.dumps(jobs))
-    # Half the cores: the book build runs beside this, and each section uses one thread.
+    # Half the cores while the book build runs beside this (each section uses one thread).
     workers = workers or max(1, (os.cpu_count() or 2) // 2)
     environment = {**(env.env if env else os.environ), "ATEN_CPU_CAPABILITY": CPU_KERNELS, "MPLBACKEND": "Agg"}
     start = time.perf_counter()
+    widen = ["--widen-when", str(widen_when), "--wide", str(os.cpu_count() or 2)] if widen_when else []
     proc = subprocess.run(
         [str(env.python if env else sys.executable), str(RUNNER), str(work / "jobs.json"), str(work / "results"),
-         "--workers", str(workers), "--timeout", str(SECTION_TIMEOUT_S)],
+         "--workers", str(workers), "--timeout", str(SECTION_TIMEOUT_S), *widen],
         capture_output=True, text=True, env=environment, cwd=work,
     )  # fmt: skip
     seconds = time.perf_counter() - start

@@ -74,6 +74,15 @@ def test_packed_weight_follows_optimiser_steps_and_load_state_dict() -> None:
         assert torch.equal(ours(x), torch.ones(5, 80))
 
 
+def test_a_model_made_in_inference_mode_decodes() -> None:
+    with torch.inference_mode():  # its parameters are inference tensors, whose changes are not tracked
+        model = tb.make_model(tb.ModelConfig.small(20)).eval()
+        src = torch.randint(3, 20, (2, 6))
+        cached = tb.greedy_decode(model, src, 8, 1, 2)
+        assert torch.equal(tb.greedy_decode(model, src, 8, 1, 2, use_cache=False), cached)
+        assert "empty" in repr(model.generator.packed)
+
+
 def test_a_model_that_decoded_copies_and_saves() -> None:
     model = tb.make_model(tb.ModelConfig.small(20)).eval()
     src = torch.randint(3, 20, (2, 6))

@@ -185,7 +185,7 @@ class MultiHeadAttention(nn.Module):
         """``(stamp, weight, bias, PackedWeight)`` of the concatenated ``which`` projections."""
         stamp = weight_stamp(*(t for p in projections for t in (p.weight, p.bias)))
         cached = self._packed_cache.get(which)
-        if cached is None or cached[0] != stamp:
+        if cached is None or cached[0] != stamp or stamp is None:  # None: not trackable, never reused
             weight = torch.cat([p.weight for p in projections]).detach()
             bias = torch.cat([p.bias for p in projections]).detach() if projections[0].bias is not None else None
             cached = self._packed_cache[which] = (stamp, weight, bias, PackedWeight())

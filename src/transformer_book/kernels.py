@@ -16,7 +16,8 @@ Why, measured on this project's machines (``benchmarks/bench_model.py`` and
   then used many times unchanged: in ``torch.inference_mode``, where no optimiser can
   change it (the step ``torch.compile`` takes for a frozen CPU model). In training the
   forward product and the input's gradient use oneDNN, the weight's gradient MKL, each
-  the faster there. oneDNN computes in exact float32 (its default math mode).
+  the faster there for most of the model's shapes. oneDNN computes in exact float32
+  (its default math mode).
 - **Dropout masks.** ``F.dropout`` draws one float per element with ``bernoulli_``,
   which on CPUs other than Intel's runs on a single thread, one 32-bit draw per
   element. :class:`Dropout` draws 16 random bits per element from the same seeded
@@ -115,13 +116,17 @@ class _TrainingLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
-def weight_stamp(*tensors: Tensor | None) -> tuple:
-    """What identifies the values of ``tensors`` now: storage, shape, dtype and version.
+def weight_stamp(*tensors: Tensor | None) -> tuple | None:
+    """What identifies the values of ``tensors`` now: storage, shape, dtype and version;
+    ``None`` when one of them is an inference tensor, whose changes are not tracked.
 
     A parameter's ``_version`` counts its in-place changes (optimiser steps,
     ``load_state_dict``); a move to another device or dtype makes new storage.
     """
-    return tuple((t.data_ptr(), tuple(t.shape), t.dtype, t._version) for t in tensors if t is not None)
+    present = [t for t in tensors if t is not None]
+    if any(t.is_inference() for t in present):
+        return None
+    return tuple((t.data_ptr(), tuple(t.shape), t.dtype, t._version) for t in present)
 
 
 class PackedWeight:
@@ -146,6 +151,8 @@ class PackedWeight:
         if not (torch.is_inference_mode_enabled() and _onednn_eligible(x, weight, bias)):
             return linear(x, weight, bias)
         stamp = weight_stamp(weight) if stamp is None else stamp
+        if stamp is None:  # a weight made in inference mode: its changes are not tracked, so never pack it
+            return _onednn_linear(x, weight, bias)
         if self._packed is None or self._stamp != stamp:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             self._stamp = stamp
@@ -171,8 +178,8 @@ class Linear(nn.Linear):
     packed once (see :class:`PackedWeight`).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
-        super().__init__(in_features, out_features, bias=bias)
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.packed = PackedWeight()
 
     def forward(self, x: Tensor) -> Tensor:
