@@ -60,6 +60,15 @@ def build_book(source: Path, output: Path, timeout: float = 3600) -> subprocess.
     )
 
 
+def heaviest_first(notebooks: list[str]) -> list[str]:
+    """``notebooks`` (in reading order) in the order to start their executions: backwards.
+
+    The later chapters train and decode and take a minute or more; the early ones take
+    seconds. Started first, the long executions overlap each other, and the many short
+    ones fill every core at the end instead of one long one running alone."""
+    return notebooks[::-1]
+
+
 def fill_build_cache(source: Path, output: Path, workers: int = 2) -> subprocess.CompletedProcess:
     """Execute the book's notebooks ``workers`` at a time into the jupyter-cache that
     ``build_book(source, output)`` reads (tests/fill_cache.py), so the build finds them executed."""
@@ -68,7 +77,7 @@ def fill_build_cache(source: Path, output: Path, workers: int = 2) -> subprocess
     timeout = load_config(source).get("execute", {}).get("timeout", 300)
     return subprocess.run(
         [sys.executable, str(Path(__file__).with_name("fill_cache.py")), str(source),
-         str(output / "_build" / ".jupyter_cache"), *toc_notebooks(source),
+         str(output / "_build" / ".jupyter_cache"), *heaviest_first(toc_notebooks(source)),
          "--workers", str(workers), "--timeout", str(timeout)],
         capture_output=True, text=True, env=os.environ.copy(),
     )  # fmt: skip

@@ -9,8 +9,9 @@ same (myst-nb's own call, ``single_nb_execution`` in the notebook's folder, and 
 cache record), only ``--workers`` of them run side by side. A notebook that fails is not
 cached, so the build executes it again and reports the error as it always does.
 
-The test suite runs this before its book build (tests/conftest.py), in the toc's order,
-so two cores are busy where the build alone would use one.
+The test suite runs this before its book build (tests/conftest.py), the longest chapters
+first (``book_helpers.heaviest_first``), so two cores are busy where the build alone
+would use one.
 """
 
 from __future__ import annotations

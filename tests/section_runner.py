@@ -4,11 +4,12 @@ Usage (by tests/test_sections.py, with the Python of the wheel's virtual environ
 
     python section_runner.py JOBS.json RESULTS_DIR [--workers N] [--timeout S] [--widen-when FILE --wide N]
 
-JOBS.json is a list of ``{"id", "folder", "seed", "cells"}``: ``cells`` are the code cells to run in
-order (a chapter's setup cells, then one section's). For each job this process forks a
-child that starts from an empty user namespace, sets ``TRANSFORMER_BOOK_SEED`` to the
-job's seed, runs the cells with IPython (magics and
-``display`` work as in a notebook) from ``folder``, and writes ``RESULTS_DIR/<id>.json``.
+JOBS.json is a list of ``{"id", "notebook", "folder", "seed", "cells"}``, in the order
+to start them: ``cells`` are the code cells to run in order (a chapter's setup cells,
+then one section's). For each job this process forks a child that starts from an empty
+user namespace, sets ``TRANSFORMER_BOOK_SEED`` to the job's seed, runs the cells with
+IPython (magics and ``display`` work as in a notebook) from ``folder``, and writes
+``RESULTS_DIR/<id>.json``.
 It runs ``--workers`` children at a time, and ``--wide`` once the file ``--widen-when``
 exists (the test suite creates it when the book build, which shares the cores, is done).
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-from book_helpers import BOOK_ROOT, toc_notebooks
+from book_helpers import BOOK_ROOT, heaviest_first, toc_notebooks
 from wheel_env import ColabEnv
 
 RUNNER = Path(__file__).with_name("section_runner.py")
@@ -106,8 +106,11 @@ def run_sections(
         folder = work / "reader" / Path(section.notebook).parent
         folder.mkdir(parents=True, exist_ok=True)
         seeds[section.id] = FIRST_SEED + i
-        jobs.append({"id": section.id, "folder": str(folder), "seed": seeds[section.id],
-                     "cells": setups[section.notebook] + list(section.cells)})  # fmt: skip
+        jobs.append({"id": section.id, "notebook": section.notebook, "folder": str(folder),
+                     "seed": seeds[section.id], "cells": setups[section.notebook] + list(section.cells)})  # fmt: skip
+    # Seeds follow reading order; the runs start with the last chapters, the longest.
+    start_order = {notebook: rank for rank, notebook in enumerate(heaviest_first(list(setups)))}
+    jobs.sort(key=lambda job: start_order[job["notebook"]])
     (work / "jobs.json").write_text(json.dumps(jobs))
     # Half the cores while the book build runs beside this (each section uses one thread).
     workers = workers or max(1, (os.cpu_count() or 2) // 2)

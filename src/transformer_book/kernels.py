@@ -53,14 +53,18 @@ def pytorch_kernels() -> Iterator[None]:
 
 
 def _onednn_available() -> bool:
+    """Whether this PyTorch has oneDNN's linear ops and they work here: tried once on a
+    small product (builds for other CPUs may lack them or refuse the packed layout)."""
     global _ONEDNN
     if _ONEDNN is None:
         try:
-            ops = torch.ops.mkldnn
-            _ONEDNN = torch.backends.mkldnn.is_available() and all(
-                hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
-            )
-        except (AttributeError, RuntimeError):
+            with torch.inference_mode():
+                x, w = torch.arange(6.0).view(2, 3), torch.arange(12.0).view(4, 3)
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+                _ONEDNN = torch.backends.mkldnn.is_available() and all(
+                    torch.equal(_onednn_linear(x, weight, None), x @ w.T) for weight in (w, packed)
+                )
+        except (AttributeError, RuntimeError, NotImplementedError):
             _ONEDNN = False
     return _ONEDNN
 
