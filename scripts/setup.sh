@@ -6,8 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
-
 # The browser side of chapter 10's live model: onnxruntime-web at the version package-lock.json
 # pins. The book build copies its files into the site (docs/_ext/live_model.py).
 if ! command -v npm >/dev/null 2>&1; then
@@ -19,7 +17,12 @@ if ! command -v npm >/dev/null 2>&1; then
         exit 1
     fi
 fi
-npm ci --no-audit --no-fund --loglevel=error
+# npm and pip write to different places: let them work at the same time.
+npm ci --no-audit --no-fund --loglevel=error &
+npm_ci=$!
+
+python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
+wait "$npm_ci"  # under set -e, a failed npm ci stops the setup here
 
 if ! command -v chromium >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
