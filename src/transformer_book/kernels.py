@@ -29,6 +29,7 @@ Why, measured on this project's machines (``benchmarks/bench_model.py`` and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-_ONEDNN: bool | None = None  # oneDNN's linear ops present in this PyTorch? Decided on first use.
+_ONEDNN: bool | None = None  # oneDNN's linear ops present and working here? Decided on first use.
 _USE_OWN = True  # False inside pytorch_kernels()
 
 
@@ -182,7 +183,14 @@ class Linear(nn.Linear):
     packed once (see :class:`PackedWeight`).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.packed = PackedWeight()
 
@@ -209,9 +217,7 @@ def dropout_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
     """A boolean keep-mask of ``shape`` from 16 random bits per element: False with
     probability ``p`` rounded to a multiple of 1/65536. The bits come from PyTorch's
     default (seeded) generator."""
-    numel = 1
-    for size in shape:
-        numel *= size
+    numel = math.prod(shape)
     dropped = round(p * 65536)  # of the 65,536 values of 16 bits, this many drop
     words = torch.empty((numel + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
     lanes = words.view(torch.int16)[:numel].view(shape)  # uniform on -32768 .. 32767
