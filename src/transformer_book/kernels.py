@@ -205,12 +205,12 @@ class _MaskedScale(torch.autograd.Function):
     def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x * keep * scale
+        return x.mul(keep).mul_(scale)  # in place on the fresh product: one allocation, not two
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None, None
+        return grad.mul(keep).mul_(ctx.scale), None, None
 
 
 def dropout_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
