@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +73,6 @@ def heaviest_first(notebooks: list[str]) -> list[str]:
 def fill_build_cache(source: Path, output: Path, workers: int = 2) -> subprocess.CompletedProcess:
     """Execute the book's notebooks ``workers`` at a time into the jupyter-cache that
     ``build_book(source, output)`` reads (tests/fill_cache.py), so the build finds them executed."""
-    import sys
-
     timeout = load_config(source).get("execute", {}).get("timeout", 300)
     return subprocess.run(
         [sys.executable, str(Path(__file__).with_name("fill_cache.py")), str(source),

@@ -11,29 +11,26 @@ from collections.abc import Mapping, Sequence
 from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
-try:
-    import altair as alt
-    import pandas as pd
-except ImportError as error:  # the model needs none of them; the charts need all
-    raise ImportError(
-        f"transformer_book.viz needs the chart libraries ({error.name} is missing): "
-        'pip install "transformer-book[book]"'
-    ) from error
 import torch
 from torch import Tensor
 
 from ._checks import check_positive, require_tensor, shape_of
 from .training import History
 
-if TYPE_CHECKING:
-    import matplotlib.pyplot as plt
-
-for _library in ("matplotlib", "seaborn"):  # imported by mask_plot, the one figure that needs them
+# The model needs none of the chart libraries; the charts need all four (matplotlib and
+# seaborn only inside mask_plot, which imports them itself: seaborn takes about a second).
+for _library in ("altair", "pandas", "matplotlib", "seaborn"):
     if find_spec(_library) is None:
         raise ImportError(
             f"transformer_book.viz needs the chart libraries ({_library} is missing): "
             'pip install "transformer-book[book]"'
         )
+
+import altair as alt  # noqa: E402 - after the check, so that a missing library gets its message
+import pandas as pd  # noqa: E402
+
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
 
 
 def _labels(labels: Sequence[str] | None, size: int) -> list[str]:
