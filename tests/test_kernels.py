@@ -13,7 +13,15 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_book as tb
+from transformer_book import kernels
 from transformer_book.kernels import Dropout, Linear, PackedWeight, linear, pytorch_kernels
+
+
+@pytest.fixture(autouse=True)
+def every_product_on_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests' products are small; in inference mode they would stay with MKL
+    (``PACKED_MIN_MACS``). Lowered to 0, every product takes the packed oneDNN path."""
+    monkeypatch.setattr(kernels, "PACKED_MIN_MACS", 0)
 
 
 def twins(bias: bool) -> tuple[Linear, nn.Linear]:
@@ -96,6 +104,17 @@ def test_a_model_that_decoded_copies_and_saves() -> None:
     loaded = torch.load(buffer, weights_only=False)
     assert torch.equal(tb.greedy_decode(twin, src, 8, 1, 2), tokens)
     assert torch.equal(tb.greedy_decode(loaded, src, 8, 1, 2), tokens)
+
+
+def test_small_products_stay_with_mkl_in_inference_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "PACKED_MIN_MACS", 5 * 48 * 80 + 1)  # one row more than 5 reaches it
+    ours, _ = twins(True)
+    with torch.inference_mode():
+        small, large = torch.randn(5, 48), torch.randn(6, 48)
+        assert torch.equal(ours(small), F.linear(small, ours.weight, ours.bias))
+        assert "empty" in repr(ours.packed)
+        torch.testing.assert_close(ours(large), F.linear(large, ours.weight, ours.bias))
+        assert "packed" in repr(ours.packed)
 
 
 def test_pytorch_kernels_and_dispatch_modes_see_aten_ops() -> None:
