@@ -167,10 +167,10 @@ class PackedWeight:
         packed q/k/v matrix, an inference tensor, whose own version is not tracked);
         by default it is the weight's own :func:`weight_stamp`.
         """
-        if not (torch.is_inference_mode_enabled() and _onednn_eligible(x, weight, bias)):
+        if not torch.is_inference_mode_enabled():
             return linear(x, weight, bias)
-        if _macs(x, weight) < PACKED_MIN_MACS:
-            return F.linear(x, weight, bias)
+        if _macs(x, weight) < PACKED_MIN_MACS or not _onednn_eligible(x, weight, bias):
+            return F.linear(x, weight, bias)  # the size first: it is the cheaper test
         stamp = weight_stamp(weight) if stamp is None else stamp
         if stamp is None:  # a weight made in inference mode: its changes are not tracked, so never pack it
             return _onednn_linear(x, weight, bias)
