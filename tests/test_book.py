@@ -11,9 +11,11 @@ import functools
 import html.parser
 import http.server
 import os
+import queue
 import re
 import shutil
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -200,12 +202,13 @@ CHARTS_DRAWN_JS = """
 """
 
 
-@pytest.mark.parametrize("name", PAGES)
-def test_page_loads_offline_and_charts_draw(name, site, browser, built_book, request):
+def check_page(browser, site: str, name: str) -> dict:
+    """Open one built page offline and wait for its charts and its math; returns what the
+    page test checks: the page's watch record, each chart's state, the math, the chart
+    libraries' versions (on the first page and pages with charts, else None)."""
     context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
     page = context.new_page()
     watch = watch_page(page)
-
     try:
         page.goto(f"{site}/{name}.html", wait_until="load")
         # MathJax typesets asynchronously; wait for it when the page has math.
@@ -223,30 +226,91 @@ def test_page_loads_offline_and_charts_draw(name, site, browser, built_book, req
                     timeout=CHART_TIMEOUT_MS,
                 )
             except Exception:
-                pass  # reported below, chart by chart
+                pass  # reported by the test, chart by chart
         watch.wait_quiet(page)
-        charts = page.evaluate(CHARTS_DRAWN_JS, ALTAIR_DIV_SELECTOR)
-        math = page.evaluate(
-            "() => ({tex: document.querySelectorAll('.math').length, "
-            "typeset: document.querySelectorAll('mjx-container').length})"
-        )
+        report = {
+            "watch": watch,
+            "charts": page.evaluate(CHARTS_DRAWN_JS, ALTAIR_DIV_SELECTOR),
+            "math": page.evaluate(
+                "() => ({tex: document.querySelectorAll('.math').length, "
+                "typeset: document.querySelectorAll('mjx-container').length})"
+            ),
+            "libs": None,
+        }
         if name == PAGES[0] or n_charts:
-            libs = page.evaluate(
+            report["libs"] = page.evaluate(
                 "() => ({vega: window.vega && vega.version, "
                 "vegalite: window.vegaLite && vegaLite.version, "
                 "embed: window.vegaEmbed && vegaEmbed.version})"
             )
-        else:
-            libs = None
         shots = os.environ.get("BOOK_SCREENSHOTS")  # a folder: save a full-page PNG per page
         if shots:
             Path(shots).mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(Path(shots) / (name.replace("/", "__") + ".png")), full_page=True)
-        if request.config.getoption("verbose") > 0:
-            print(f"{name}: {n_charts} charts, {math}, libs={libs}")
     finally:
         context.close()
+    return report
 
+
+class PageChecks:
+    """:func:`check_page` for every page, ``workers`` pages at a time, from the moment it is made.
+
+    Each worker thread launches its own Chromium: Playwright's synchronous API belongs to the
+    thread that started it. Rendering charts and math keeps a browser busy on one core, and
+    the book's pages are checked at the end of the test run, when the cores are free."""
+
+    def __init__(self, site: str, names: list[str], workers: int) -> None:
+        self._results: dict[str, Future] = {name: Future() for name in names}
+        self._todo: queue.SimpleQueue[str] = queue.SimpleQueue()
+        for name in names:
+            self._todo.put(name)
+        self._threads = [threading.Thread(target=self._work, args=(site,), daemon=True) for _ in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def _next(self) -> str | None:
+        try:
+            return self._todo.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _work(self, site: str) -> None:
+        from playwright.sync_api import sync_playwright
+
+        try:
+            with sync_playwright() as pw:
+                chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+                while (name := self._next()) is not None:
+                    try:
+                        self._results[name].set_result(check_page(chromium, site, name))
+                    except Exception as error:  # the page's test reports it
+                        self._results[name].set_exception(error)
+                chromium.close()
+        except Exception as error:  # no browser in this thread: the pages it would have checked fail
+            while (name := self._next()) is not None:
+                self._results[name].set_exception(error)
+
+    def result(self, name: str) -> dict:
+        return self._results[name].result(timeout=600)
+
+    def close(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=600)
+
+
+@pytest.fixture(scope="module")
+def page_checks(site: str):
+    checks = PageChecks(site, PAGES, workers=min(4, max(2, os.cpu_count() or 2)))
+    yield checks
+    checks.close()
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_loads_offline_and_charts_draw(name, page_checks, request):
+    report = page_checks.result(name)
+    watch, charts, math, libs = report["watch"], report["charts"], report["math"], report["libs"]
+    if request.config.getoption("verbose") > 0:
+        print(f"{name}: {len(charts)} charts, {math}, libs={libs}")
     assert not watch.outside, f"{name}: requests left localhost: {watch.outside}"
     assert not watch.page_errors, f"{name}: page errors: {watch.page_errors}"
     assert not watch.console_errors, f"{name}: console errors: {watch.console_errors}"
