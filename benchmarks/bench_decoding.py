@@ -52,7 +52,8 @@ def step_products(model: tb.Transformer) -> list[tuple[torch.Tensor, torch.Tenso
 
 def products_seconds(model: tb.Transformer, batch: int, device: torch.device, repeats: int) -> float:
     """Median time of one cached step's matrix products alone, ``batch`` rows each, nothing else,
-    on the kernels a cached step uses (in inference mode: oneDNN with packed weights on a CPU).
+    on the kernels a cached step uses (in inference mode on a CPU: oneDNN with packed weights,
+    or MKL for a product under ``tb.kernels.PACKED_MIN_MACS``).
 
     The base model's weights do not fit in a CPU's caches, so here, as in decoding, every
     product reads its weights from memory."""
