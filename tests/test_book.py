@@ -256,8 +256,9 @@ class PageChecks:
     """:func:`check_page` for every page, ``workers`` pages at a time, from the moment it is made.
 
     Each worker thread launches its own Chromium: Playwright's synchronous API belongs to the
-    thread that started it. Rendering charts and math keeps a browser busy on one core, and
-    the book's pages are checked at the end of the test run, when the cores are free."""
+    thread that started it. Rendering charts and math keeps a browser busy on about one core;
+    one browser alone, at the end of the test run, would leave the other cores idle once the
+    chapter executions finish."""
 
     def __init__(self, site: str, names: list[str], workers: int) -> None:
         self._results: dict[str, Future] = {name: Future() for name in names}
