@@ -186,7 +186,7 @@ def main() -> None:
     rows = [row for device in devices for row in run(device, config, args.batch, args.length, args.repeats)]
     size = "small" if args.small else "base"
     title = (f"transformer_book vs nn.Transformer — {size} sizes, vocabulary {args.vocab}, "
-             f"batch {args.batch} x {args.length} tokens, float32, {args.repeats} rounds of A B B A")  # fmt: skip
+             f"batch {args.batch} x {args.length} tokens, float32, {args.repeats} rounds of A B C C B A")  # fmt: skip
     print_table(
         f"{title}\n{machine()}",
         ["what", "ours ms", "nn.Transformer ms", "ratio (median, min-max)", "ours on PyTorch's kernels: ratio",

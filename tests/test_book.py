@@ -179,12 +179,17 @@ def site(built_book: Path):
     server.server_close()
 
 
+def launch_chromium(pw):
+    """Headless Chromium from a Playwright instance, with the test's offline arguments."""
+    return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+
+
 @pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        b = launch_chromium(pw)
         yield b
         b.close()
 
@@ -280,7 +285,7 @@ class PageChecks:
 
         try:
             with sync_playwright() as pw:
-                chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+                chromium = launch_chromium(pw)
                 while (name := self._next()) is not None:
                     try:
                         self._results[name].set_result(check_page(chromium, site, name))
