@@ -51,9 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
+from numpy import uint64
+from numpy.random import SeedSequence
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
@@ -289,7 +290,7 @@ def setup_processes(bf16: bool) -> ProcessInfo:
 
 def derive_seed(*numbers: int) -> int:
     """A 63-bit seed mixed from several integers (NumPy's SeedSequence), e.g. ``(seed, step, rank)``."""
-    return int(np.random.SeedSequence([int(n) for n in numbers]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return int(SeedSequence([int(n) for n in numbers]).generate_state(1, dtype=uint64)[0] >> 1)
 
 
 # --- tasks ---------------------------------------------------------------------------------
