@@ -11,11 +11,12 @@ Why the speed-up stops growing: a cached step computes little (a few rows per ma
 but still runs every decoder matrix product, and products of a few rows use a CPU far
 less well than the many-row products of a full prefix. And both ways encode the source
 once, which the cache cannot shorten. So each row also reports the least a cached loop
-can cost here ("floor ms"): the encoder's time ("encode ms", timed alone) plus, for every
-new token, a cached step's matrix products timed alone with the same weights and rows;
-and the speed-up the cache would show if it cost only that ("speed-up bound"). A cached
-loop that runs these products cannot beat it on this machine at this batch size and
-precision.
+can cost here ("floor ms"): the encoder alone ("encode ms"), then, for every new token,
+a cached step's matrix products alone with the same weights and rows; and the speed-up
+the cache would show if it cost only that ("speed-up bound"). A cached loop that runs
+these products cannot beat it on this machine at this batch size and precision. The
+encoder and the floor are timed in turn with the two decoding loops, so the machine's
+drift hits all four alike.
 
     python benchmarks/bench_decoding.py               # base sizes, vocabulary 1,000, batch 8, source 32
     python benchmarks/bench_decoding.py --small
