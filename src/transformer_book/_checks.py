@@ -54,7 +54,7 @@ def check_tokens(tokens: Tensor, name: str, vocab_size: int, max_len: int | None
         raise ValueError(f"{name} must have shape (batch, seq), got {shape_of(tokens)}")
     if tokens.numel() == 0:
         raise ValueError(f"{name} is empty: shape {shape_of(tokens)}")
-    low, high = int(tokens.min()), int(tokens.max())
+    low, high = map(int, tokens.aminmax())  # one pass, one op: decoding checks every step's ids
     if low < 0 or high >= vocab_size:
         raise ValueError(
             f"{name} holds ids in [{low}, {high}] but the vocabulary has {vocab_size} ids (0..{vocab_size - 1}); "

@@ -98,11 +98,13 @@ class KVCache:
             grown_key = key.new_empty(*key.shape[:2], capacity, key.shape[3])
             grown_value = value.new_empty(*value.shape[:2], capacity, value.shape[3])
             if self._key is not None:
-                grown_key[:, :, : self.length] = self.key
-                grown_value[:, :, : self.length] = self.value
+                grown_key.narrow(2, 0, self.length).copy_(self.key)
+                grown_value.narrow(2, 0, self.length).copy_(self.value)
             self._key, self._value = grown_key, grown_value
-        self._key[:, :, self.length : end] = key
-        self._value[:, :, self.length : end] = value
+        # narrow + copy_ rather than slice assignment: the same copy with less Python, and
+        # every layer of every decoding step runs it.
+        self._key.narrow(2, self.length, end - self.length).copy_(key)
+        self._value.narrow(2, self.length, end - self.length).copy_(value)
         self.length = end
         return self._publish()
 
@@ -116,7 +118,7 @@ class KVCache:
     def _publish(self) -> tuple[Tensor, Tensor]:
         """Point ``key``/``value`` at the buffers' first ``length`` positions (set once per write,
         so the many reads of a decoding step slice nothing)."""
-        self.key, self.value = self._key[:, :, : self.length], self._value[:, :, : self.length]
+        self.key, self.value = self._key.narrow(2, 0, self.length), self._value.narrow(2, 0, self.length)
         return self.key, self.value
 
     def __repr__(self) -> str:
@@ -172,7 +174,7 @@ class MultiHeadAttention(nn.Module):
         return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
     def _packed(self, x: Tensor, which: str) -> tuple[Tensor, ...]:
-        projections = [getattr(self, f"{name}_proj") for name in which]
+        projections = [self.q_proj, self.k_proj, self.v_proj] if which == "qkv" else [self.k_proj, self.v_proj]
         if torch.is_grad_enabled():  # training: the concatenation must be part of the autograd graph
             weight = torch.cat([p.weight for p in projections])
             bias = torch.cat([p.bias for p in projections]) if projections[0].bias is not None else None
@@ -183,7 +185,7 @@ class MultiHeadAttention(nn.Module):
 
     def _packed_weights(self, which: str, projections: list[nn.Linear]) -> tuple:
         """``(stamp, weight, bias, PackedWeight)`` of the concatenated ``which`` projections."""
-        stamp = weight_stamp(*(t for p in projections for t in (p.weight, p.bias)))
+        stamp = weight_stamp(*[t for p in projections for t in (p.weight, p.bias)])
         cached = self._packed_cache.get(which)
         if cached is None or cached[0] != stamp or stamp is None:  # None: not trackable, never reused
             weight = torch.cat([p.weight for p in projections]).detach()
@@ -228,7 +230,8 @@ class MultiHeadAttention(nn.Module):
             q = self.split_heads(self.q_proj(query))
             k, v = cache.key, cache.value
         else:
-            q, k, v = (self.split_heads(t) for t in self.project(query, key, value))
+            q, k, v = self.project(query, key, value)
+            q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
             if cache is not None:  # self-attention: this step joins the past; cross: kept for later
                 k, v = cache.store(k, v) if cache.static else cache.append(k, v)
 

@@ -83,14 +83,19 @@ def _plain_cpu_float32(*tensors: Tensor | None) -> bool:
     """Eager float32 CPU tensors, outside autocast, compilers and dispatch modes: where these
     kernels apply. (A dispatch mode, such as ``FlopCounterMode`` or the fake tensors of
     ``torch.export``, sees every aten op and should keep seeing them.)"""
-    return (
-        _USE_OWN
-        and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors)
-        and torch._C._len_torch_dispatch_stack() == 0
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-    )
+    if (
+        not _USE_OWN
+        or torch._C._len_torch_dispatch_stack()
+        or torch.is_autocast_enabled("cpu")
+        or torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+    ):
+        return False
+    # A loop, not all(<generator>): this runs before every product of a decoding step.
+    for t in tensors:
+        if t is not None and not (t.is_cpu and t.dtype == torch.float32):
+            return False
+    return True
 
 
 def _onednn_eligible(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
@@ -142,10 +147,13 @@ def weight_stamp(*tensors: Tensor | None) -> tuple | None:
     A parameter's ``_version`` counts its in-place changes (optimiser steps,
     ``load_state_dict``); a move to another device or dtype makes new storage.
     """
-    present = [t for t in tensors if t is not None]
-    if any(t.is_inference() for t in present):
-        return None
-    return tuple((t.data_ptr(), tuple(t.shape), t.dtype, t._version) for t in present)
+    stamp = []
+    for t in tensors:
+        if t is not None:
+            if t.is_inference():
+                return None
+            stamp.append((t.data_ptr(), t.shape, t.dtype, t._version))
+    return tuple(stamp)
 
 
 class PackedWeight:
