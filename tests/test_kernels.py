@@ -117,6 +117,58 @@ def test_small_products_stay_with_mkl_in_inference_mode(monkeypatch: pytest.Monk
         assert "packed" in repr(ours.packed)
 
 
+def test_frozen_weights_skip_the_checks_not_the_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a frozen_weights() block a packed weight is checked once, then used without its
+    stamp; the results are the unfrozen ones, a product too small for the packed kernel
+    still goes to MKL, pytorch_kernels() still means PyTorch's, and a weight changed
+    between two blocks is packed again."""
+    monkeypatch.setattr(kernels, "PACKED_MIN_MACS", 5 * 48 * 80 + 1)  # one row more than 5 reaches it
+    stamps, stamp = [], kernels.weight_stamp
+
+    def counted_stamp(*tensors: torch.Tensor | None) -> tuple | None:
+        stamps.append(len(tensors))
+        return stamp(*tensors)
+
+    monkeypatch.setattr(kernels, "weight_stamp", counted_stamp)
+    ours, _ = twins(True)
+    small, large = torch.randn(5, 48), torch.randn(6, 48)
+    with torch.inference_mode():
+        expected = ours(large)
+        with kernels.frozen_weights():
+            assert not ours.packed.checked_in_this_block()
+            assert torch.equal(ours(large), expected) and len(stamps) == 2  # checked in this block
+            assert ours.packed.checked_in_this_block()
+            assert torch.equal(ours(large), expected) and len(stamps) == 2  # not again
+            assert torch.equal(ours(small), F.linear(small, ours.weight, ours.bias))
+            with pytorch_kernels():
+                assert not ours.packed.checked_in_this_block()
+                assert torch.equal(ours(large), F.linear(large, ours.weight, ours.bias))
+            assert torch.equal(ours(large), expected) and len(stamps) == 2
+        assert not ours.packed.checked_in_this_block()
+    with torch.no_grad():
+        ours.weight.mul_(-1.0)
+    with torch.inference_mode(), kernels.frozen_weights():
+        torch.testing.assert_close(ours(large), F.linear(large, ours.weight, ours.bias))
+        assert len(stamps) == 3
+
+
+def test_a_model_decodes_with_its_new_weights_after_training() -> None:
+    """Each decoding call is its own frozen_weights() block: an optimiser step between two
+    calls reaches the second, as it reaches a copy that never decoded."""
+    tb.seed_everything(0)
+    model = tb.make_model(tb.ModelConfig.small(20)).eval()
+    src, tgt = torch.randint(3, 20, (2, 6)), torch.randint(3, 20, (2, 5))
+    tb.greedy_decode(model, src, 8, 1, 2)
+    tb.beam_search(model, src, 8, 1, 2, beam_size=2)
+    optimiser = torch.optim.SGD(model.parameters(), lr=1.0)
+    model(src, tgt).square().mean().backward()
+    optimiser.step()
+    twin = copy.deepcopy(model)  # its packed weights are empty
+    with torch.inference_mode(), kernels.frozen_weights():
+        assert torch.equal(model(src, tgt), twin(src, tgt))
+    assert torch.equal(tb.greedy_decode(model, src, 8, 1, 2), tb.greedy_decode(twin, src, 8, 1, 2))
+
+
 def test_pytorch_kernels_and_dispatch_modes_see_aten_ops() -> None:
     ours, _ = twins(True)
     x = torch.randn(5, 48)

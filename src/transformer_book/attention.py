@@ -185,8 +185,10 @@ class MultiHeadAttention(nn.Module):
 
     def _packed_weights(self, which: str, projections: list[nn.Linear]) -> tuple:
         """``(stamp, weight, bias, PackedWeight)`` of the concatenated ``which`` projections."""
-        stamp = weight_stamp(*[t for p in projections for t in (p.weight, p.bias)])
         cached = self._packed_cache.get(which)
+        if cached is not None and cached[3].checked_in_this_block():  # see kernels.frozen_weights
+            return cached
+        stamp = weight_stamp(*[t for p in projections for t in (p.weight, p.bias)])
         if cached is None or cached[0] != stamp or stamp is None:  # None: not trackable, never reused
             weight = torch.cat([p.weight for p in projections]).detach()
             bias = torch.cat([p.bias for p in projections]).detach() if projections[0].bias is not None else None

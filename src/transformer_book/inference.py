@@ -4,7 +4,8 @@ Decoding is a loop: feed the tokens chosen so far, read the distribution over
 the next one, choose, repeat until EOS. Greedy decoding takes the most likely
 token; beam search keeps the ``beam_size`` best prefixes. With a KV cache each
 step feeds only the newest token, and the keys and values of earlier positions
-are read back instead of recomputed.
+are read back instead of recomputed. Both loops run in :func:`~transformer_book.kernels.frozen_weights`:
+the model's weights cannot change while they run, so its products skip re-checking them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_positive, check_tokens
+from .kernels import frozen_weights
 from .masking import causal_mask, padding_mask
 from .model import Transformer
 
@@ -36,6 +38,7 @@ def _mask_unless_all_true(mask: Tensor) -> Tensor | None:
 
 
 @torch.inference_mode()
+@frozen_weights()  # the loop owns the model: its weights cannot change while it runs
 def greedy_decode(
     model: Transformer,
     src: Tensor,
@@ -85,6 +88,7 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
 
 
 @torch.inference_mode()
+@frozen_weights()  # the loop owns the model: its weights cannot change while it runs
 def beam_search(
     model: Transformer,
     src: Tensor,

@@ -41,6 +41,8 @@ from torch import Tensor, nn
 
 _ONEDNN: bool | None = None  # oneDNN's linear ops present and working here? Decided on first use.
 _USE_OWN = True  # False inside pytorch_kernels()
+_frozen_block = 0  # the innermost frozen_weights() block's number; 0 outside every block
+_blocks_opened = 0
 
 #: In inference mode, a product of fewer multiply-adds (rows × in_features × out_features)
 #: stays with MKL: there oneDNN's fixed cost per call outweighs its faster streaming of a
@@ -54,12 +56,28 @@ PACKED_MIN_MACS = 1 << 20
 def pytorch_kernels() -> Iterator[None]:
     """Within the block, :class:`Linear`, :class:`Dropout` and :func:`linear` run PyTorch's
     own kernels (``F.linear``, ``F.dropout``), to compare the two."""
-    global _USE_OWN
+    global _USE_OWN, _frozen_block
     before, _USE_OWN = _USE_OWN, False
+    block, _frozen_block = _frozen_block, 0  # and no shortcut to a packed weight
     try:
         yield
     finally:
-        _USE_OWN = before
+        _USE_OWN, _frozen_block = before, block
+
+
+@contextmanager
+def frozen_weights() -> Iterator[None]:
+    """Within the block no weight changes: a decoding loop, which runs the model many times
+    and owns it while it runs. A :class:`PackedWeight` that has checked its weight (and the
+    modes its kernel depends on) once in the block skips those checks for the rest of it,
+    as a frozen graph would; the products and their results are the same."""
+    global _frozen_block, _blocks_opened
+    _blocks_opened += 1
+    before, _frozen_block = _frozen_block, _blocks_opened
+    try:
+        yield
+    finally:
+        _frozen_block = before
 
 
 def _onednn_available() -> bool:
@@ -167,6 +185,10 @@ class PackedWeight:
     def __init__(self) -> None:
         self._stamp: tuple | None = None
         self._packed: Tensor | None = None
+        # In the frozen_weights() block numbered _checked_in, inputs of at least _min_numel
+        # elements (enough rows for PACKED_MIN_MACS) go straight to the packed kernel.
+        self._checked_in = 0
+        self._min_numel = 0
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, stamp: tuple | None = None) -> Tensor:
         """``F.linear(x, weight, bias)``: ``x (..., in)``, ``weight (out, in)`` → ``(..., out)``.
@@ -175,6 +197,8 @@ class PackedWeight:
         packed q/k/v matrix, an inference tensor, whose own version is not tracked);
         by default it is the weight's own :func:`weight_stamp`.
         """
+        if _frozen_block and self._checked_in == _frozen_block and x.numel() >= self._min_numel:
+            return _onednn_linear(x, self._packed, bias)  # checked earlier in this block
         if not torch.is_inference_mode_enabled():
             return linear(x, weight, bias)
         if _macs(x, weight) < PACKED_MIN_MACS or not _onednn_eligible(x, weight, bias):
@@ -185,7 +209,13 @@ class PackedWeight:
         if self._packed is None or self._stamp != stamp:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             self._stamp = stamp
+            self._min_numel = -(-PACKED_MIN_MACS // weight.numel()) * weight.shape[1]
+        self._checked_in = _frozen_block
         return _onednn_linear(x, self._packed, bias)
+
+    def checked_in_this_block(self) -> bool:
+        """Whether this weight was checked in the current :func:`frozen_weights` block."""
+        return _frozen_block != 0 and self._checked_in == _frozen_block
 
     def __deepcopy__(self, memo: dict) -> PackedWeight:
         return PackedWeight()
