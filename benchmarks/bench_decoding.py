@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--src-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     sizes = {"d_model": "--d-model", "num_layers": "--layers", "d_ff": "--d-ff", "num_heads": "--heads"}
     for field, flag in sizes.items():
         parser.add_argument(flag, dest=field, type=int, help=f"{field}, instead of the preset's")
