@@ -120,8 +120,8 @@ def test_small_products_stay_with_mkl_in_inference_mode(monkeypatch: pytest.Monk
 def test_frozen_weights_skip_the_checks_not_the_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """In a frozen_weights() block a packed weight is checked once, then used without its
     stamp; the results are the unfrozen ones, a product too small for the packed kernel
-    still goes to MKL, pytorch_kernels() still means PyTorch's, and a weight changed
-    between two blocks is packed again."""
+    still goes to MKL, pytorch_kernels(), a dispatch mode and autograd still see PyTorch's
+    product, and a weight changed between two blocks is packed again."""
     monkeypatch.setattr(kernels, "PACKED_MIN_MACS", 5 * 48 * 80 + 1)  # one row more than 5 reaches it
     stamps, stamp = [], kernels.weight_stamp
 
@@ -144,12 +144,23 @@ def test_frozen_weights_skip_the_checks_not_the_rules(monkeypatch: pytest.Monkey
                 assert not ours.packed.checked_in_this_block()
                 assert torch.equal(ours(large), F.linear(large, ours.weight, ours.bias))
             assert torch.equal(ours(large), expected) and len(stamps) == 2
+            with FlopCounterMode(display=False) as counter:  # a dispatch mode sees aten's product
+                counted = ours(large)
+            assert counter.get_total_flops() == 2 * 6 * 48 * 80
+            assert torch.equal(counted, F.linear(large, ours.weight, ours.bias))
         assert not ours.packed.checked_in_this_block()
+    with kernels.frozen_weights():
+        with torch.inference_mode():
+            ours(large)
+        assert ours.packed.checked_in_this_block()
+        x = large.clone().requires_grad_()
+        ours(x).sum().backward()  # out of inference mode: the product joins the autograd graph
+        torch.testing.assert_close(x.grad, ours.weight.sum(0).expand(6, 48))
     with torch.no_grad():
         ours.weight.mul_(-1.0)
     with torch.inference_mode(), kernels.frozen_weights():
         torch.testing.assert_close(ours(large), F.linear(large, ours.weight, ours.bias))
-        assert len(stamps) == 3
+        assert len(stamps) == 4  # once in each of the three blocks, once before them
 
 
 def test_a_model_decodes_with_its_new_weights_after_training() -> None:

@@ -68,9 +68,10 @@ def pytorch_kernels() -> Iterator[None]:
 @contextmanager
 def frozen_weights() -> Iterator[None]:
     """Within the block no weight changes: a decoding loop, which runs the model many times
-    and owns it while it runs. A :class:`PackedWeight` that has checked its weight (and the
-    modes its kernel depends on) once in the block skips those checks for the rest of it,
-    as a frozen graph would; the products and their results are the same."""
+    and owns it while it runs. A :class:`PackedWeight` that has checked its weight once in
+    the block skips that check (its stamp) for the rest of it, as a frozen graph would;
+    the products and their results are the same. It still checks that inference mode is on
+    and that no dispatch mode has been entered since; enter no autocast inside the block."""
     global _frozen_block, _blocks_opened
     _blocks_opened += 1
     before, _frozen_block = _frozen_block, _blocks_opened
@@ -197,8 +198,14 @@ class PackedWeight:
         packed q/k/v matrix, an inference tensor, whose own version is not tracked);
         by default it is the weight's own :func:`weight_stamp`.
         """
-        if _frozen_block and self._checked_in == _frozen_block and x.numel() >= self._min_numel:
-            return _onednn_linear(x, self._packed, bias)  # checked earlier in this block
+        if (
+            _frozen_block
+            and self._checked_in == _frozen_block  # checked_in_this_block(), without a call
+            and x.numel() >= self._min_numel
+            and torch.is_inference_mode_enabled()  # not left for autograd
+            and not torch._C._len_torch_dispatch_stack()  # no dispatch mode entered since
+        ):
+            return _onednn_linear(x, self._packed, bias)  # the weight was checked earlier in this block
         if not torch.is_inference_mode_enabled():
             return linear(x, weight, bias)
         if _macs(x, weight) < PACKED_MIN_MACS or not _onednn_eligible(x, weight, bias):
