@@ -216,7 +216,7 @@ class PackedWeight:
         if self._packed is None or self._stamp != stamp:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             self._stamp = stamp
-            self._min_numel = -(-PACKED_MIN_MACS // weight.numel()) * weight.shape[1]
+            self._min_numel = -(-PACKED_MIN_MACS // max(weight.numel(), 1)) * weight.shape[1]  # rows * in
         self._checked_in = _frozen_block
         return _onednn_linear(x, self._packed, bias)
 
