@@ -199,9 +199,8 @@ class PackedWeight:
         by default it is the weight's own :func:`weight_stamp`.
         """
         if (
-            _frozen_block
-            and self._checked_in == _frozen_block  # checked_in_this_block(), without a call
-            and x.numel() >= self._min_numel
+            self.checked_in_this_block()
+            and x.numel() >= self._min_numel  # the size rule below, precomputed for this weight
             and torch.is_inference_mode_enabled()  # not left for autograd
             and not torch._C._len_torch_dispatch_stack()  # no dispatch mode entered since
         ):
