@@ -5,19 +5,19 @@ Both classes are ``nn.Linear`` and ``nn.Dropout``: same parameters, same
 float32 tensors on a CPU; anywhere else (a GPU, float64, autocast, ``torch.compile``
 or ``torch.export``, a PyTorch without oneDNN) they run PyTorch's own.
 
-Why, measured on this project's machines (``benchmarks/bench_model.py`` and
-``bench_decoding.py`` print the effect):
+Why (``benchmarks/bench_kernels.py`` times each choice against PyTorch's default, and
+appendix C shows its figures):
 
 - **Matrix products.** PyTorch sends ``F.linear`` on a CPU to MKL's sgemm. oneDNN,
-  the other matrix library PyTorch ships, is about a fifth faster on an AMD EPYC for the
-  many-row products of training, and two to three times faster for the few-row
-  products of a decoding step once a weight is reordered into its blocked layout.
+  the other matrix library PyTorch ships, was faster on this project's AMD EPYC machines
+  for the many-row products of training, and much faster for the few-row products of a
+  decoding step once a weight is reordered into its blocked layout.
   Reordering reads and writes the whole weight, so it pays only when the weight is
   then used many times unchanged: in ``torch.inference_mode``, where no optimiser can
   change it (the step ``torch.compile`` takes for a frozen CPU model). In training the
   forward product and the input's gradient use oneDNN, the weight's gradient MKL, each
-  the faster there for most of the model's shapes. A oneDNN call costs about 15–20 µs
-  before it computes anything, MKL's a few, so in inference mode a product smaller than
+  the faster there for most of the model's shapes. A oneDNN call costs more before it
+  computes anything than an MKL call, so in inference mode a product smaller than
   :data:`PACKED_MIN_MACS` stays with MKL (a decoding step of a small model is all such
   products). oneDNN computes in exact float32 (its default math mode).
 - **Dropout masks.** ``F.dropout`` draws one float per element with ``bernoulli_``,
@@ -44,11 +44,12 @@ _USE_OWN = True  # False inside pytorch_kernels()
 _frozen_block = 0  # the innermost frozen_weights() block's number; 0 outside every block
 _blocks_opened = 0
 
+# Measured on an AMD EPYC with 8 rows: MKL was faster for a 256 × 256 weight (0.5 million
+# multiply-adds), packed oneDNN for 768 × 256 (1.6 million). bench_kernels.py times what
+# the rule saves on a decoding step of the small model.
 #: In inference mode, a product of fewer multiply-adds (rows × in_features × out_features)
 #: stays with MKL: there oneDNN's fixed cost per call outweighs its faster streaming of a
-#: packed weight. Measured on an AMD EPYC with 8 rows: MKL is faster for a 256 × 256 weight
-#: (0.5 million), packed oneDNN for 768 × 256 (1.6 million). It takes a fifth to a half off a
-#: decoding step of the book's small models. (Training products are large: batch × length rows.)
+#: packed weight. (Training products are large: batch × length rows.)
 PACKED_MIN_MACS = 1 << 20
 
 

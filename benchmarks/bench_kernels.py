@@ -1,0 +1,157 @@
+"""The package's CPU kernels against PyTorch's own, claim by claim (appendix C's kernel table).
+
+``transformer_book.kernels`` sends float32 products on a CPU to oneDNN instead of MKL,
+packs a weight for the few-row products of decoding, keeps products under
+``PACKED_MIN_MACS`` multiply-adds with MKL, and draws dropout masks from 16 random bits
+per element. Each row below times one of those choices against PyTorch's default, the
+two taking turns, so that appendix C can state the figures from this script's results
+file instead of typing them:
+
+- training products: the base model's matrix products on 8 × 64 rows, MKL (``F.linear``)
+  against oneDNN with the weight as it is (as the forward of a training step runs them);
+- decoding products: the same weights on 8 rows (one new token per sentence), MKL against
+  oneDNN with packed weights; beside them, reading every weight once with nothing else
+  (``weight.sum()``), the least time a product that must read its weight can take;
+- one call: the cost of a product too small to measure anything but the call, 8 × 64 × 64;
+- a small model's decoding step: greedy decoding with the size rule (``PACKED_MIN_MACS``)
+  against every product packed;
+- dropout masks: ``F.dropout`` against the package's ``Dropout`` on a feed-forward
+  layer's hidden activations in training.
+
+    python benchmarks/bench_kernels.py               # base sizes, vocabulary 1,000
+    python benchmarks/bench_kernels.py --repeats 3   # quicker (prints only)
+
+Only the default run writes the results file that appendix C shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from bench_decoding import products_alone, step_products
+from common import interleaved_medians, machine, print_table, write_results
+
+import transformer_book as tb
+from transformer_book.kernels import _onednn_linear
+
+CPU = torch.device("cpu")
+
+
+def products(weights: list[tuple[torch.Tensor, torch.Tensor]], num_rows: int, kernel: str) -> Callable[[], object]:
+    """Every product of ``weights`` on ``num_rows`` random rows with one ``kernel``: ``"mkl"``
+    (``F.linear``), ``"onednn"`` (the weight as it is) or ``"packed"`` (oneDNN, packed weight)."""
+    if kernel == "packed":
+        return products_alone(weights, num_rows, CPU)
+    rows = {w.shape[1]: torch.randn(num_rows, w.shape[1]) for w, _ in weights}
+    product = F.linear if kernel == "mkl" else _onednn_linear
+
+    @torch.inference_mode()
+    def run() -> list[torch.Tensor]:
+        return [product(rows[w.shape[1]], w, b) for w, b in weights]
+
+    return run
+
+
+def read_once(weights: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], object]:
+    """Read every weight once and do next to nothing with it: a sum per weight."""
+    return lambda: [w.sum() for w, _ in weights]
+
+
+@contextmanager
+def size_rule(min_macs: int) -> Iterator[None]:
+    """``tb.kernels.PACKED_MIN_MACS`` set to ``min_macs`` within the block."""
+    before, tb.kernels.PACKED_MIN_MACS = tb.kernels.PACKED_MIN_MACS, min_macs
+    try:
+        yield
+    finally:
+        tb.kernels.PACKED_MIN_MACS = before
+
+
+def row(what: str, pytorch: str, package: str, times: dict[str, float], per: int = 1, **extra) -> dict:
+    """One line of the table: both times in µs per ``per`` (calls or steps), and their ratio."""
+    return {
+        "what": what,
+        "pytorch": pytorch,
+        "package": package,
+        "pytorch_us": times[pytorch] * 1e6 / per,
+        "package_us": times[package] * 1e6 / per,
+        "speedup": times[pytorch] / times[package],
+        **extra,
+    }
+
+
+def run(vocab: int, repeats: int) -> list[dict]:
+    tb.seed_everything(0)
+    base = tb.make_model(tb.ModelConfig.base(vocab)).eval()
+    weights = step_products(base)  # every product of a decoder step, the output layer's too
+    megabytes = sum(w.numel() * w.element_size() for w, _ in weights) / 1e6
+    rows = []
+
+    times = interleaved_medians({"MKL": products(weights, 8 * 64, "mkl"),
+                                 "oneDNN": products(weights, 8 * 64, "onednn")}, CPU, repeats)  # fmt: skip
+    rows.append(row("training products (8 × 64 rows, base sizes)", "MKL", "oneDNN", times, len(weights)))
+
+    times = interleaved_medians({"MKL": products(weights, 8, "mkl"), "packed oneDNN": products(weights, 8, "packed"),
+                                 "read once": read_once(weights)}, CPU, repeats)  # fmt: skip
+    gb_per_s = {name: megabytes / 1e3 / seconds for name, seconds in times.items()}
+    rows.append(row("decoding products (8 rows, base sizes)", "MKL", "packed oneDNN", times, len(weights),
+                    weights_mb=megabytes, read_once_us=times["read once"] * 1e6 / len(weights),
+                    pytorch_gb_per_s=gb_per_s["MKL"], package_gb_per_s=gb_per_s["packed oneDNN"],
+                    read_once_gb_per_s=gb_per_s["read once"]))  # fmt: skip
+
+    tiny = [(torch.randn(64, 64), torch.randn(64))] * 200
+    times = interleaved_medians({"MKL": products(tiny, 8, "mkl"), "oneDNN": products(tiny, 8, "onednn")}, CPU, repeats)
+    rows.append(row("one call (8 × 64 × 64, nothing to compute)", "MKL", "oneDNN", times, len(tiny)))
+
+    small = tb.make_model(tb.ModelConfig.small(vocab)).eval()
+    every_packed = copy.deepcopy(small)  # its own PackedWeights, packed under the other rule
+    src = torch.randint(3, vocab, (8, 16))
+    new = 32
+
+    def decode(model: tb.Transformer, min_macs: int) -> Callable[[], object]:
+        def go() -> object:
+            with size_rule(min_macs):
+                return tb.greedy_decode(model, src, new + 1, 1, None)
+
+        return go
+
+    times = interleaved_medians({"every product packed": decode(every_packed, 0),
+                                 "size rule": decode(small, tb.kernels.PACKED_MIN_MACS)}, CPU, repeats)  # fmt: skip
+    rows.append(row("small model, greedy decoding step (batch 8)", "every product packed", "size rule", times, new))
+
+    hidden = torch.randn(8, 64, 2048, requires_grad=True)  # a feed-forward layer's, in training
+    ours = tb.kernels.Dropout(0.1)
+    times = interleaved_medians({"F.dropout": lambda: F.dropout(hidden, 0.1), "Dropout": lambda: ours(hidden)},
+                                CPU, repeats)  # fmt: skip
+    rows.append(row("dropout, training (8 × 64 × 2048)", "F.dropout", "Dropout", times))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=21)
+    args = parser.parse_args()
+    rows = run(args.vocab, args.repeats)
+    title = f"vocabulary {args.vocab}, float32, median of {args.repeats}, µs per call (per step for decoding)"
+    print_table(
+        f"The package's CPU kernels against PyTorch's — {title}\n{machine()}",
+        ["what", "PyTorch's", "µs", "the package's", "µs", "speed-up"],
+        [[r["what"], r["pytorch"], f"{r['pytorch_us']:.1f}", r["package"], f"{r['package_us']:.1f}",
+          f"{r['speedup']:.2f}x"] for r in rows],
+    )  # fmt: skip
+    decoding = rows[1]
+    print(f"\nDecoding products read {decoding['weights_mb']:.0f} MB of weights per step: MKL at "
+          f"{decoding['pytorch_gb_per_s']:.1f} GB/s, packed oneDNN at {decoding['package_gb_per_s']:.1f} GB/s; "
+          f"a sum over each weight reads them at {decoding['read_once_gb_per_s']:.1f} GB/s.")  # fmt: skip
+    if vars(args) == vars(parser.parse_args([])):
+        write_results("kernels", {"title": title, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
