@@ -14,7 +14,7 @@ file instead of typing them:
   (``weight.sum()``), the least time a product that must read its weight can take;
 - one call: the cost of a product too small to measure anything but the call, 8 × 64 × 64;
 - a small model's decoding step: greedy decoding with the size rule (``PACKED_MIN_MACS``)
-  against every product packed;
+  against every product packed, in µs per new token (the encoder's share included);
 - dropout masks: ``F.dropout`` against the package's ``Dropout`` on a feed-forward
   layer's hidden activations in training.
 
@@ -37,7 +37,6 @@ from bench_decoding import products_alone, step_products
 from common import interleaved_medians, machine, print_table, write_results
 
 import transformer_book as tb
-from transformer_book.kernels import _onednn_linear
 
 CPU = torch.device("cpu")
 
@@ -48,7 +47,7 @@ def products(weights: list[tuple[torch.Tensor, torch.Tensor]], num_rows: int, ke
     if kernel == "packed":
         return products_alone(weights, num_rows, CPU)
     rows = {w.shape[1]: torch.randn(num_rows, w.shape[1]) for w, _ in weights}
-    product = F.linear if kernel == "mkl" else _onednn_linear
+    product = F.linear if kernel == "mkl" else tb.kernels.linear  # oneDNN in inference mode
 
     @torch.inference_mode()
     def run() -> list[torch.Tensor]:
