@@ -163,6 +163,31 @@ def test_frozen_weights_skip_the_checks_not_the_rules(monkeypatch: pytest.Monkey
         assert len(stamps) == 4  # once in each of the three blocks, once before them
 
 
+def test_a_new_block_reads_the_size_rule_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortcut's row threshold comes from PACKED_MIN_MACS as it is when a block checks
+    the weight, not when the weight was packed: a rule changed between blocks holds."""
+    onednn_calls, onednn = [], kernels._onednn_linear
+    monkeypatch.setattr(kernels, "_onednn_linear", lambda *args: onednn_calls.append(1) or onednn(*args))
+    ours, _ = twins(True)
+    large = torch.randn(6, 48)
+    with torch.inference_mode():
+        with kernels.frozen_weights():  # packed and checked under PACKED_MIN_MACS = 0
+            ours(large)
+            ours(large)
+        assert len(onednn_calls) == 2
+        monkeypatch.setattr(kernels, "PACKED_MIN_MACS", 6 * 48 * 80 + 1)  # 6 rows are now too few
+        with kernels.frozen_weights():
+            assert torch.equal(ours(large), F.linear(large, ours.weight, ours.bias))
+            assert torch.equal(ours(large), F.linear(large, ours.weight, ours.bias))
+        assert len(onednn_calls) == 2  # MKL both times
+        monkeypatch.setattr(kernels, "PACKED_MIN_MACS", 0)
+        with kernels.frozen_weights():
+            ours(large)
+            assert ours.packed.checked_in_this_block()
+            ours(large)
+        assert len(onednn_calls) == 4
+
+
 def test_a_model_decodes_with_its_new_weights_after_training() -> None:
     """Each decoding call is its own frozen_weights() block: an optimiser step between two
     calls reaches the second, as it reaches a copy that never decoded."""

@@ -216,8 +216,10 @@ class PackedWeight:
         if self._packed is None or self._stamp != stamp:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             self._stamp = stamp
+        if _frozen_block:  # checked: for the rest of the block, inputs big enough skip to the kernel
+            self._checked_in = _frozen_block
+            # the size rule as an input size, read once per block (a changed PACKED_MIN_MACS counts)
             self._min_numel = -(-PACKED_MIN_MACS // max(weight.numel(), 1)) * weight.shape[1]  # rows * in
-        self._checked_in = _frozen_block
         return _onednn_linear(x, self._packed, bias)
 
     def checked_in_this_block(self) -> bool:
