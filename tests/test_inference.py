@@ -38,6 +38,74 @@ def test_kv_cache_gives_exactly_the_same_tokens(model):
     assert cached.shape[1] > 5  # long enough for the cache to matter
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decode_step_equals_decode_with_the_cache_bit_for_bit(norm_first):
+    """The fast step (a plan of bound kernels) and the module path give the very same numbers,
+    for both layer orders, with padding in the source, over steps that grow the cache's buffer."""
+    tb.seed_everything(5)
+    model = tb.make_model(tb.ModelConfig.small(30, num_layers=3, norm_first=norm_first)).eval()
+    src = source_batch()
+    mask = tb.padding_mask(src, model.config.pad_id)
+    with torch.inference_mode(), tb.kernels.frozen_weights():
+        memory = model.encode(src, mask)
+        module_cache, step_cache = model.decoder.new_cache(), model.decoder.new_cache()
+        token = torch.full((src.shape[0], 1), BOS)
+        for _ in range(20):  # past the buffer's first 16 positions
+            expected = model.decode(memory, token, src_mask=mask, cache=module_cache)
+            hidden = model.decode_step(memory, token, src_mask=mask, cache=step_cache)
+            assert torch.equal(hidden, expected)
+            token = model.generator(hidden[:, -1]).argmax(-1, keepdim=True)
+        assert all(layer_cache.step_plan is not None for layer_cache in step_cache)  # the fast path ran
+        for ours, theirs in zip(step_cache, module_cache):
+            assert torch.equal(ours.self_attn.key, theirs.self_attn.key)
+            assert torch.equal(ours.self_attn.value, theirs.self_attn.value)
+
+
+def test_decode_step_takes_the_module_path_where_the_fast_one_would_be_wrong(model):
+    src = source_batch()
+    token = torch.full((src.shape[0], 1), BOS)
+    with torch.inference_mode():
+        memory = model.encode(src)
+        cache = model.decoder.new_cache()
+        model.decode_step(memory, token, cache=cache)
+        model.decode_step(memory, token, cache=cache)  # outside frozen_weights(): no plan
+        assert cache[0].step_plan is None
+        with tb.kernels.frozen_weights(), tb.record_attention(model) as maps:
+            model.decode_step(memory, token, cache=cache)
+        assert cache[0].step_plan is None and maps["decoder.layers.0.cross_attn"].shape[-2:] == (1, src.shape[1])
+        with tb.kernels.frozen_weights():
+            model.decode_step(memory, token, cache=cache)
+            plan = cache[0].step_plan
+            assert plan is not None and plan.block == tb.kernels.frozen_block()
+        with tb.kernels.frozen_weights():  # a new block makes a new plan: the weights may have changed
+            model.decode_step(memory, token, cache=cache)
+            assert cache[0].step_plan is not plan and cache[0].step_plan.block == tb.kernels.frozen_block()
+    with pytest.raises(ValueError, match="tgt"):  # bad input still gets the module path's message
+        with torch.inference_mode(), tb.kernels.frozen_weights():
+            model.decode_step(memory, torch.full((src.shape[0], 1), 99), cache=cache)
+
+
+def test_record_attention_sees_every_step_of_greedy_decoding(model):
+    src = source_batch()[:1]
+    with tb.record_attention(model) as maps:
+        out = tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=None)
+    assert out.shape[1] == 12
+    assert maps["decoder.layers.1.self_attn"].shape == (1, 4, 1, 11)  # the last step saw all 11 positions
+
+
+def test_a_forward_hook_in_the_decoder_sees_every_step(model):
+    """Chapter 9 counts decoder positions with a hook: the fast step must not hide them."""
+    fed = []
+    hook = model.decoder.layers[1].feed_forward.register_forward_hook(lambda m, i, out: fed.append(out.shape[1]))
+    try:
+        tb.greedy_decode(model, source_batch(), max_len=10, bos_id=BOS, eos_id=None)
+    finally:
+        hook.remove()
+    assert fed == [1] * 9
+    with torch.inference_mode(), tb.kernels.frozen_weights():
+        assert not model._decoder_hooked()
+
+
 def test_greedy_rows_start_with_bos_and_stop_at_their_own_eos(model):
     src = source_batch()
     out = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS)

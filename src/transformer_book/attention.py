@@ -9,7 +9,7 @@ Masks are boolean with True = "may attend", the convention of
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -183,6 +183,15 @@ class MultiHeadAttention(nn.Module):
         stamp, weight, bias, packed = self._packed_weights(which, projections)
         return packed.linear(x, weight, bias, stamp).chunk(len(projections), dim=-1)
 
+    def bind_packed(self, which: str, numel: int) -> Callable[[Tensor], Tensor]:
+        """The packed ``"qkv"`` or ``"kv"`` projection as a function of inputs of ``numel``
+        elements, for the rest of the :func:`~transformer_book.kernels.frozen_weights` block
+        (see :meth:`~transformer_book.kernels.PackedWeight.bind`); its output is the
+        projections side by side, ``(..., 3 * d_model)`` or ``(..., 2 * d_model)``."""
+        projections = [self.q_proj, self.k_proj, self.v_proj] if which == "qkv" else [self.k_proj, self.v_proj]
+        stamp, weight, bias, packed = self._packed_weights(which, projections)
+        return packed.bind(weight, bias, numel, stamp)
+
     def _packed_weights(self, which: str, projections: list[nn.Linear]) -> tuple:
         """``(stamp, weight, bias, PackedWeight)`` of the concatenated ``which`` projections."""
         cached = self._packed_cache.get(which)
@@ -259,6 +268,15 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(self.merge_heads(heads)), weights
 
 
+_recording = 0  # record_attention() blocks open now
+
+
+def recording_attention() -> bool:
+    """Whether a :func:`record_attention` block is open (a decoding step then takes the path
+    that records)."""
+    return _recording > 0
+
+
 @contextmanager
 def record_attention(model: nn.Module) -> Iterator[dict[str, Tensor]]:
     """Collect the attention weights of every :class:`MultiHeadAttention` inside ``model``.
@@ -271,13 +289,16 @@ def record_attention(model: nn.Module) -> Iterator[dict[str, Tensor]]:
             model(src, tgt)
         maps["decoder.layers.1.cross_attn"]
     """
+    global _recording
     modules = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
     maps: dict[str, Tensor] = {}
     for module in modules.values():
         module.record_weights, module.last_weights = True, None
+    _recording += 1
     try:
         yield maps
     finally:
+        _recording -= 1
         for name, module in modules.items():
             if module.last_weights is not None:
                 maps[name] = module.last_weights

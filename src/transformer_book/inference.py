@@ -68,7 +68,7 @@ def greedy_decode(
 
     for _ in range(max_len - 1):
         if use_cache:
-            hidden = model.decode(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
+            hidden = model.decode_step(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
         else:
             # Only the causal mask: a generated id that happens to equal pad_id must not be hidden.
             hidden = model.decode(memory, ys, src_mask=memory_mask, tgt_mask=causal_mask(ys.shape[1], ys.device))
@@ -126,7 +126,7 @@ def beam_search(
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
 
     for _step in range(max_len - 1):
-        hidden = model.decode(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
+        hidden = model.decode_step(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
         log_probs = model.generator(hidden[:, -1]).log_softmax(dim=-1).view(batch, k, vocab)
         # A finished hypothesis may only be continued by padding, at no cost.
         frozen = torch.full_like(log_probs[0, 0], float("-inf"))

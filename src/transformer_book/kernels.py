@@ -32,7 +32,7 @@ appendix C shows its figures):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -80,6 +80,12 @@ def frozen_weights() -> Iterator[None]:
         yield
     finally:
         _frozen_block = before
+
+
+def frozen_block() -> int:
+    """The number of the innermost :func:`frozen_weights` block now running; 0 outside every
+    block. Something prepared from the weights inside a block holds while this stays the same."""
+    return _frozen_block
 
 
 def _onednn_available() -> bool:
@@ -222,6 +228,19 @@ class PackedWeight:
             self._min_numel = -(-PACKED_MIN_MACS // max(weight.numel(), 1)) * weight.shape[1]  # rows * in
         return _onednn_linear(x, self._packed, bias)
 
+    def bind(
+        self, weight: Tensor, bias: Tensor | None, numel: int, stamp: tuple | None = None
+    ) -> Callable[[Tensor], Tensor]:
+        """``x ↦ self.linear(x, weight, bias, stamp)`` for inputs ``x`` of ``numel`` elements, in
+        the :func:`frozen_weights` block now running (a decoding step's plan, valid for the rest
+        of the block). When ``linear`` has checked the weight in this block and takes its
+        shortcut for such inputs, the function calls the packed kernel directly: the same kernel
+        on the same numbers, with nothing in between."""
+        if self.checked_in_this_block() and numel >= self._min_numel:
+            packed = self._packed
+            return lambda x: _onednn_linear(x, packed, bias)
+        return lambda x: self.linear(x, weight, bias, stamp)
+
     def checked_in_this_block(self) -> bool:
         """Whether this weight was checked in the current :func:`frozen_weights` block."""
         return _frozen_block != 0 and self._checked_in == _frozen_block
@@ -259,6 +278,11 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.packed.linear(x, self.weight, self.bias)
+
+    def bind(self, numel: int) -> Callable[[Tensor], Tensor]:
+        """This layer as a function of inputs of ``numel`` elements, for the rest of the
+        :func:`frozen_weights` block (see :meth:`PackedWeight.bind`)."""
+        return self.packed.bind(self.weight, self.bias, numel)
 
 
 class _MaskedScale(torch.autograd.Function):

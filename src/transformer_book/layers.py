@@ -38,8 +38,8 @@ class FeedForward(nn.Module):
 def sublayer_connection(
     x: Tensor,
     sublayer: Callable[[Tensor], Tensor],
-    norm: nn.LayerNorm,
-    dropout: nn.Dropout,
+    norm: Callable[[Tensor], Tensor],
+    dropout: Callable[[Tensor], Tensor],
     norm_first: bool,
 ) -> Tensor:
     """Residual + LayerNorm around one sublayer, both ways.

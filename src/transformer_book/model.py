@@ -6,12 +6,14 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from ._checks import check_mask, check_positive, check_probability, check_tokens, shape_of
+from .attention import recording_attention
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
-from .kernels import Linear
+from .kernels import Linear, frozen_block
 from .masking import padding_mask, target_mask
 from .positional import PositionalEncoding
 
@@ -150,6 +152,52 @@ class Transformer(nn.Module):
         check_mask(src_mask, "src_mask", (batch, new, src_len))
         x = self.positional(self.tgt_embed(tgt), offset=past)
         return self.decoder(x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache)
+
+    def decode_step(
+        self, memory: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None, cache: list[LayerCache]
+    ) -> Tensor:
+        """``decode(memory, tgt, src_mask=src_mask, cache=cache)`` for the one new position
+        ``tgt (batch, 1)`` of a decoding loop: hidden states ``(batch, 1, d_model)``.
+
+        The first call (an empty cache) is :meth:`decode`, which checks the memory and the
+        mask and fills the caches. Later calls, when nothing can change the weights or watch
+        the decoder's modules (eval mode, inference mode, inside
+        :func:`~transformer_book.kernels.frozen_weights`, no :func:`record_attention`, no
+        dispatch mode, no forward hook in the decoder), run
+        :meth:`Decoder.step <transformer_book.decoder.Decoder.step>`: the same kernels on the
+        same numbers, with less Python around them (appendix C). The hooks are looked for once
+        per ``frozen_weights`` block: one registered inside a block counts from the next.
+        """
+        past = cache[0].self_attn.length if cache else 0
+        fast = (
+            past > 0
+            and frozen_block()
+            and not self.training
+            and torch.is_inference_mode_enabled()
+            and not recording_attention()
+            and not torch._C._len_torch_dispatch_stack()
+            and not self._decoder_hooked()
+            and tgt.dim() == 2
+            and tgt.shape[1] == 1
+            and len(cache) == len(self.decoder.layers)
+        )
+        if not fast:
+            return self.decode(memory, tgt, src_mask=src_mask, cache=cache)  # it checks, or raises
+        check_tokens(tgt, "tgt", self.config.tgt_vocab_size)  # the message names this method's argument
+        x = self.positional(self.tgt_embed(tgt), offset=past)  # positional checks max_len
+        if src_mask is not None and src_mask.dim() == 3:
+            src_mask = src_mask.unsqueeze(-3)  # (batch, 1, src_len) → (batch, 1, 1, src_len): the head axis
+        return self.decoder.step(x, src_mask=src_mask, cache=cache)
+
+    def _decoder_hooked(self) -> bool:
+        """Whether a forward hook watches the decoder or a module in it (or every module):
+        :meth:`decode_step` then takes the path that calls them. Looked up once per block."""
+        block = frozen_block()
+        looked = self.__dict__.get("_hooks_looked_up")
+        if looked is None or looked[0] != block:
+            found = any(m._forward_hooks or m._forward_pre_hooks for m in self.decoder.modules())
+            looked = self.__dict__["_hooks_looked_up"] = (block, found)
+        return looked[1] or bool(_global_forward_hooks or _global_forward_pre_hooks)
 
     def forward(
         self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
