@@ -162,7 +162,7 @@ class Transformer(nn.Module):
         The first call (an empty cache) is :meth:`decode`, which checks the memory and the
         mask and fills the caches. Later calls, when nothing can change the weights or watch
         the decoder's modules (eval mode, inference mode, inside
-        :func:`~transformer_book.kernels.frozen_weights`, no :func:`record_attention`, no
+        :func:`~transformer_book.kernels.frozen_weights`, no :func:`~transformer_book.attention.record_attention`, no
         dispatch mode, no forward hook in the decoder), run
         :meth:`Decoder.step <transformer_book.decoder.Decoder.step>`: the same kernels on the
         same numbers, with less Python around them (appendix C). The hooks are looked for once
