@@ -99,7 +99,8 @@ class DecoderLayer(nn.Module):
         The same kernels on the same numbers, called from a plan made once per block (the
         layer's products bound to their packed weights, its norms to their parameters), without
         the checks, submodule calls and branches of ``forward``: a decoding loop runs this once
-        per layer per token, and for a few rows that Python work costs as much as the products.
+        per layer per token, and with a few rows per product that Python work is a large share
+        of a step.
         ``src_mask`` is ``None`` or broadcastable to ``(batch, 1, 1, src_len)`` (head axis included).
         """
         plan = cache.step_plan
@@ -111,7 +112,7 @@ class DecoderLayer(nn.Module):
             return t.view(batch, heads, 1, d_head)
 
         def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:  # then merge_heads
-            return F.scaled_dot_product_attention(split(q), k, v, attn_mask=mask).view(batch, 1, -1)
+            return F.scaled_dot_product_attention(split(q), k, v, attn_mask=mask).reshape(batch, 1, -1)
 
         def self_attention(h: Tensor) -> Tensor:
             q, k, v = plan.self_qkv(h).chunk(3, dim=-1)

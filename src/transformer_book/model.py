@@ -160,13 +160,15 @@ class Transformer(nn.Module):
         ``tgt (batch, 1)`` of a decoding loop: hidden states ``(batch, 1, d_model)``.
 
         The first call (an empty cache) is :meth:`decode`, which checks the memory and the
-        mask and fills the caches. Later calls, when nothing can change the weights or watch
-        the decoder's modules (eval mode, inference mode, inside
-        :func:`~transformer_book.kernels.frozen_weights`, no :func:`~transformer_book.attention.record_attention`, no
-        dispatch mode, no forward hook in the decoder), run
+        mask and fills the caches; later calls read the memory's keys and values from them.
+        When nothing can change the weights or watch the decoder's modules (eval mode,
+        inference mode, inside :func:`~transformer_book.kernels.frozen_weights`, no
+        :func:`~transformer_book.attention.record_attention`, no dispatch mode, no forward
+        hook in the decoder), later calls run
         :meth:`Decoder.step <transformer_book.decoder.Decoder.step>`: the same kernels on the
-        same numbers, with less Python around them (appendix C). The hooks are looked for once
-        per ``frozen_weights`` block: one registered inside a block counts from the next.
+        same numbers, with less Python around them (appendix C); otherwise they are
+        :meth:`decode`. Hooks are looked for once per ``frozen_weights`` block: one
+        registered inside a block counts from the next.
         """
         past = cache[0].self_attn.length if cache else 0
         fast = (
