@@ -6,7 +6,6 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -17,7 +16,8 @@ from .kernels import Dropout, frozen_block
 from .layers import FeedForward, final_norm, sublayer_connection
 
 
-class StepPlan(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class StepPlan:
     """One decoder layer's work in a decoding step, bound once per
     :func:`~transformer_book.kernels.frozen_weights` block (see :meth:`DecoderLayer.step`):
     each product a function of its input, on the kernel the layer's forward would use."""
