@@ -19,8 +19,8 @@ these products cannot beat it on this machine at this batch size and precision. 
 its first step the cached loop runs the decoder's step plan (``Decoder.step``); "module
 path ms" is the same loop with every step through the modules' ``forward``, which
 computes the same numbers with more Python around them. The
-encoder and the floor are timed in turn with the two decoding loops, so the machine's
-drift hits all four alike.
+encoder, the floor and the module path are timed in turn with the two decoding loops, so
+the machine's drift hits all five alike.
 
     python benchmarks/bench_decoding.py               # base sizes, vocabulary 1,000, batch 8, source 32
     python benchmarks/bench_decoding.py --small

@@ -173,8 +173,12 @@ class MultiHeadAttention(nn.Module):
             return (self.q_proj(query), *self._packed(key, "kv"))
         return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
+    def _projections(self, which: str) -> list[nn.Linear]:
+        """The projections packed side by side as ``which``: ``"qkv"`` or ``"kv"``."""
+        return [self.q_proj, self.k_proj, self.v_proj] if which == "qkv" else [self.k_proj, self.v_proj]
+
     def _packed(self, x: Tensor, which: str) -> tuple[Tensor, ...]:
-        projections = [self.q_proj, self.k_proj, self.v_proj] if which == "qkv" else [self.k_proj, self.v_proj]
+        projections = self._projections(which)
         if torch.is_grad_enabled():  # training: the concatenation must be part of the autograd graph
             weight = torch.cat([p.weight for p in projections])
             bias = torch.cat([p.bias for p in projections]) if projections[0].bias is not None else None
@@ -188,8 +192,7 @@ class MultiHeadAttention(nn.Module):
         elements, for the rest of the :func:`~transformer_book.kernels.frozen_weights` block
         (see :meth:`~transformer_book.kernels.PackedWeight.bind`); its output is the
         projections side by side, ``(..., 3 * d_model)`` or ``(..., 2 * d_model)``."""
-        projections = [self.q_proj, self.k_proj, self.v_proj] if which == "qkv" else [self.k_proj, self.v_proj]
-        stamp, weight, bias, packed = self._packed_weights(which, projections)
+        stamp, weight, bias, packed = self._packed_weights(which, self._projections(which))
         return packed.bind(weight, bias, numel, stamp)
 
     def _packed_weights(self, which: str, projections: list[nn.Linear]) -> tuple:

@@ -40,6 +40,7 @@ class TokenEmbedding(nn.Module):
         """The table ``(vocab_size, d_model)``; row ``i`` is token ``i``'s vector before scaling."""
         return self.lookup.weight
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        check_tokens(tokens, "tokens", self.vocab_size)
+    def forward(self, tokens: Tensor, *, name: str = "tokens") -> Tensor:
+        """``name``: what an error message calls ``tokens`` (the caller's argument)."""
+        check_tokens(tokens, name, self.vocab_size)
         return self.lookup(tokens) * math.sqrt(self.d_model)

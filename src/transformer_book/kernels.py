@@ -206,8 +206,7 @@ class PackedWeight:
         by default it is the weight's own :func:`weight_stamp`.
         """
         if (
-            self.checked_in_this_block()
-            and x.numel() >= self._min_numel  # the size rule below, precomputed for this weight
+            self._shortcut_for(x.numel())
             and torch.is_inference_mode_enabled()  # not left for autograd
             and not torch._C._len_torch_dispatch_stack()  # no dispatch mode entered since
         ):
@@ -236,10 +235,15 @@ class PackedWeight:
         of the block). When ``linear`` has checked the weight in this block and takes its
         shortcut for such inputs, the function calls the packed kernel directly: the same kernel
         on the same numbers, with nothing in between."""
-        if self.checked_in_this_block() and numel >= self._min_numel:
+        if self._shortcut_for(numel):
             packed = self._packed
             return lambda x: _onednn_linear(x, packed, bias)
         return lambda x: self.linear(x, weight, bias, stamp)
+
+    def _shortcut_for(self, numel: int) -> bool:
+        """Whether an input of ``numel`` elements goes straight to the packed kernel: the weight
+        was checked in this block, and the size rule (precomputed as ``_min_numel``) sends it there."""
+        return self.checked_in_this_block() and numel >= self._min_numel
 
     def checked_in_this_block(self) -> bool:
         """Whether this weight was checked in the current :func:`frozen_weights` block."""

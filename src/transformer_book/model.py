@@ -185,8 +185,7 @@ class Transformer(nn.Module):
         )
         if not fast:
             return self.decode(memory, tgt, src_mask=src_mask, cache=cache)  # it checks, or raises
-        check_tokens(tgt, "tgt", self.config.tgt_vocab_size)  # the message names this method's argument
-        x = self.positional(self.tgt_embed(tgt), offset=past)  # positional checks max_len
+        x = self.positional(self.tgt_embed(tgt, name="tgt"), offset=past)  # both check their input
         if src_mask is not None and src_mask.dim() == 3:
             src_mask = src_mask.unsqueeze(-3)  # (batch, 1, src_len) → (batch, 1, 1, src_len): the head axis
         return self.decoder.step(x, src_mask=src_mask, cache=cache)
