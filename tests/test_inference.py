@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -30,20 +31,41 @@ def source_batch() -> torch.Tensor:
     return src
 
 
-def test_kv_cache_gives_exactly_the_same_tokens(model):
+def wider_model(vocab: int, **sizes) -> tb.Transformer:
+    """A model wide enough that, at 6 rows, the few-row kernel computes some of a decoding
+    step's products (the packed q/k/v, the first feed-forward matrix) and MKL the others."""
+    config = tb.ModelConfig.small(vocab, **sizes)
+    return tb.make_model(dataclasses.replace(config, d_model=128, d_ff=512)).eval()
+
+
+def uses_the_few_row_kernel(model: tb.Transformer) -> bool:
+    return "few rows" in repr(model.decoder.layers[0].feed_forward.linear1.packed)
+
+
+@pytest.mark.parametrize("width", ["small", "wider"])
+def test_kv_cache_gives_exactly_the_same_tokens(model, width):
+    if width == "wider":
+        tb.seed_everything(7)
+        model = wider_model(12, num_layers=2)
+        with torch.no_grad():
+            model.generator.weight.mul_(4.0)
     src = source_batch()
     cached = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=True)
     recomputed = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=False)
     assert torch.equal(cached, recomputed)
     assert cached.shape[1] > 5  # long enough for the cache to matter
+    assert uses_the_few_row_kernel(model) == (width == "wider" and tb.few_rows.available())
 
 
+@pytest.mark.parametrize("width", ["small", "wider"])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_decode_step_equals_decode_with_the_cache_bit_for_bit(norm_first):
+def test_decode_step_equals_decode_with_the_cache_bit_for_bit(norm_first, width):
     """The fast step (a plan of bound kernels) and the module path give the very same numbers,
-    for both layer orders, with padding in the source, over steps that grow the cache's buffer."""
+    for both layer orders, with padding in the source, over steps that grow the cache's buffer,
+    with MKL's products alone (small) or the few-row kernel's among them (wider)."""
     tb.seed_everything(5)
-    model = tb.make_model(tb.ModelConfig.small(30, num_layers=3, norm_first=norm_first)).eval()
+    sizes = {"num_layers": 3, "norm_first": norm_first}
+    model = tb.make_model(tb.ModelConfig.small(30, **sizes)).eval() if width == "small" else wider_model(30, **sizes)
     src = source_batch()
     mask = tb.padding_mask(src, model.config.pad_id)
     with torch.inference_mode(), tb.kernels.frozen_weights():
@@ -56,6 +78,7 @@ def test_decode_step_equals_decode_with_the_cache_bit_for_bit(norm_first):
             assert torch.equal(hidden, expected)
             token = model.generator(hidden[:, -1]).argmax(-1, keepdim=True)
         assert all(layer_cache.step_plan is not None for layer_cache in step_cache)  # the fast path ran
+        assert uses_the_few_row_kernel(model) == (width == "wider" and tb.few_rows.available())
         for ours, theirs in zip(step_cache, module_cache):
             assert torch.equal(ours.self_attn.key, theirs.self_attn.key)
             assert torch.equal(ours.self_attn.value, theirs.self_attn.value)

@@ -13,15 +13,18 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_book as tb
-from transformer_book import kernels
+from transformer_book import few_rows, kernels
 from transformer_book.kernels import Dropout, Linear, PackedWeight, linear, pytorch_kernels
 
 
 @pytest.fixture(autouse=True)
 def every_product_on_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests' products are small; in inference mode they would stay with MKL
-    (``PACKED_MIN_MACS``). Lowered to 0, every product takes the packed oneDNN path."""
+    (``PACKED_MIN_MACS``), or go to the few-row kernel (``few_rows.MAX_ROWS``). With those
+    lowered to 0, every product takes the packed oneDNN path (tests/test_few_rows.py tests
+    the few-row kernel)."""
     monkeypatch.setattr(kernels, "PACKED_MIN_MACS", 0)
+    monkeypatch.setattr(few_rows, "MAX_ROWS", 0)
 
 
 def twins(bias: bool) -> tuple[Linear, nn.Linear]:

@@ -13,9 +13,10 @@ Each module mirrors a chapter of The Executable Transformer:
 - ``export``      — chapter 10, the dates model as ONNX graphs for onnxruntime and the browser
 - ``runtime``     — device, seeding (``TRANSFORMER_BOOK_SEED``), versions
 - ``kernels``     — appendix C, the CPU kernels behind the model's ``Linear`` and ``Dropout``
+- ``few_rows``    — appendix C, the matrix product of a decoding step's few rows (C, compiled on first use)
 """
 
-from . import kernels
+from . import few_rows, kernels
 from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
 from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
@@ -101,5 +102,6 @@ __all__ = [
     "sublayer_connection",
     "target_mask",
     "to_pytorch_mask",
+    "few_rows",
     "kernels",
 ]

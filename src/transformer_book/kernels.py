@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import few_rows
+
 _ONEDNN: bool | None = None  # oneDNN's linear ops present and working here? Decided on first use.
 _USE_OWN = True  # False inside pytorch_kernels()
 _frozen_block = 0  # the innermost frozen_weights() block's number; 0 outside every block
@@ -183,19 +185,29 @@ def weight_stamp(*tensors: Tensor | None) -> tuple | None:
 
 
 class PackedWeight:
-    """oneDNN's blocked copy of one weight matrix, made on first use in inference mode.
+    """A weight matrix copied, on first use in inference mode, into the layout its kernel reads.
 
-    It is made again when the weight changes (see :func:`weight_stamp`), and never
-    copied or saved: ``copy.deepcopy`` and pickling give an empty one, so a module
-    holding it copies, saves and loads like any other.
+    Two kernels read a packed copy: oneDNN (its blocked layout) for products of many rows,
+    and :mod:`~transformer_book.few_rows` (panels of a few outputs) for products of at most
+    :data:`few_rows.MAX_ROWS <transformer_book.few_rows.MAX_ROWS>` rows when it is
+    available; a product under :data:`PACKED_MIN_MACS` stays with MKL. Each copy is made
+    when first needed, again when the weight changes (see :func:`weight_stamp`), and never
+    copied or saved: ``copy.deepcopy`` and pickling give an empty one, so a module holding
+    it copies, saves and loads like any other.
     """
 
     def __init__(self) -> None:
         self._stamp: tuple | None = None
-        self._packed: Tensor | None = None
-        # In the frozen_weights() block numbered _checked_in, inputs of at least _min_numel
-        # elements (enough rows for PACKED_MIN_MACS) go straight to the packed kernel.
+        self._packed: Tensor | None = None  # oneDNN's layout
+        self._panels: Tensor | None = None  # few_rows.pack's layout
+        self._panels_out = 0  # the weight's out_features (the panels are padded)
+        # In the frozen_weights() block numbered _checked_in, inputs of at least _few_min_numel
+        # and fewer than _few_numel elements (enough rows for few_rows.MIN_MACS, at most
+        # few_rows.MAX_ROWS) go straight to the few-row kernel, other inputs of at least
+        # _min_numel (enough rows for PACKED_MIN_MACS) to oneDNN: see _route.
         self._checked_in = 0
+        self._few_min_numel = 0
+        self._few_numel = 0
         self._min_numel = 0
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, stamp: tuple | None = None) -> Tensor:
@@ -205,26 +217,40 @@ class PackedWeight:
         packed q/k/v matrix, an inference tensor, whose own version is not tracked);
         by default it is the weight's own :func:`weight_stamp`.
         """
+        route = self._route(x.numel())
         if (
-            self._shortcut_for(x.numel())
+            route is not None
             and torch.is_inference_mode_enabled()  # not left for autograd
             and not torch._C._len_torch_dispatch_stack()  # no dispatch mode entered since
-        ):
-            return _onednn_linear(x, self._packed, bias)  # the weight was checked earlier in this block
+        ):  # the weight was checked earlier in this block
+            if route is _FEW_ROWS:
+                return few_rows.linear(x, self._panels, bias, self._panels_out)
+            return _onednn_linear(x, self._packed, bias)
         if not torch.is_inference_mode_enabled():
             return linear(x, weight, bias)
-        if _macs(x, weight) < PACKED_MIN_MACS or not _onednn_eligible(x, weight, bias):
+        macs = _macs(x, weight)
+        few = _few_rows_eligible(x, weight, bias, macs)
+        if not few and (macs < PACKED_MIN_MACS or not _onednn_eligible(x, weight, bias)):
             return F.linear(x, weight, bias)  # the size first: it is the cheaper test
         stamp = weight_stamp(weight) if stamp is None else stamp
         if stamp is None:  # a weight made in inference mode: its changes are not tracked, so never pack it
-            return _onednn_linear(x, weight, bias)
-        if self._packed is None or self._stamp != stamp:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            return _onednn_linear(x, weight, bias) if _onednn_eligible(x, weight, bias) else F.linear(x, weight, bias)
+        if self._stamp != stamp:
+            self._packed = self._panels = None
             self._stamp = stamp
-        if _frozen_block:  # checked: for the rest of the block, inputs big enough skip to the kernel
+        if few and self._panels is None:
+            self._panels, self._panels_out = few_rows.pack(weight), weight.shape[0]
+        if not few and self._packed is None:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        if _frozen_block:  # checked: for the rest of the block, inputs big enough skip to a kernel
             self._checked_in = _frozen_block
-            # the size rule as an input size, read once per block (a changed PACKED_MIN_MACS counts)
-            self._min_numel = -(-PACKED_MIN_MACS // max(weight.numel(), 1)) * weight.shape[1]  # rows * in
+            # the size rules as input sizes, read once per block (changed rules count from the next)
+            in_features, weights = weight.shape[1], max(weight.numel(), 1)
+            self._few_min_numel = -(-few_rows.MIN_MACS // weights) * in_features  # rows * in
+            self._few_numel = (few_rows.MAX_ROWS + 1) * in_features if few_rows.available() else 0
+            self._min_numel = -(-PACKED_MIN_MACS // weights) * in_features
+        if few:
+            return few_rows.linear(x, self._panels, bias, self._panels_out)
         return _onednn_linear(x, self._packed, bias)
 
     def bind(
@@ -232,18 +258,29 @@ class PackedWeight:
     ) -> Callable[[Tensor], Tensor]:
         """``x ↦ self.linear(x, weight, bias, stamp)`` for inputs ``x`` of ``numel`` elements, in
         the :func:`frozen_weights` block now running (a decoding step's plan, valid for the rest
-        of the block). When ``linear`` has checked the weight in this block and takes its
-        shortcut for such inputs, the function calls the packed kernel directly: the same kernel
-        on the same numbers, with nothing in between."""
-        if self._shortcut_for(numel):
+        of the block). When ``linear`` has checked the weight in this block and sends such inputs
+        straight to a kernel, the function calls that kernel directly: the same kernel on the
+        same numbers, with nothing in between."""
+        route = self._route(numel)
+        if route is _FEW_ROWS:
+            panels, out_features = self._panels, self._panels_out
+            return lambda x: few_rows.linear(x, panels, bias, out_features)
+        if route is _ONEDNN:
             packed = self._packed
             return lambda x: _onednn_linear(x, packed, bias)
         return lambda x: self.linear(x, weight, bias, stamp)
 
-    def _shortcut_for(self, numel: int) -> bool:
-        """Whether an input of ``numel`` elements goes straight to the packed kernel: the weight
-        was checked in this block, and the size rule (precomputed as ``_min_numel``) sends it there."""
-        return self.checked_in_this_block() and numel >= self._min_numel
+    def _route(self, numel: int) -> object | None:
+        """The kernel an input of ``numel`` elements goes straight to (``_FEW_ROWS`` or
+        ``_ONEDNN``): the weight was checked in this block, its copy for that kernel exists,
+        and the size rules (precomputed as input sizes) send it there. ``None``: check first."""
+        if not self.checked_in_this_block():
+            return None
+        if self._few_min_numel <= numel < self._few_numel:
+            return _FEW_ROWS if self._panels is not None else None
+        if numel >= self._min_numel:
+            return _ONEDNN if self._packed is not None else None
+        return None
 
     def checked_in_this_block(self) -> bool:
         """Whether this weight was checked in the current :func:`frozen_weights` block."""
@@ -259,7 +296,25 @@ class PackedWeight:
         self.__init__()
 
     def __repr__(self) -> str:
-        return f"PackedWeight({'empty' if self._packed is None else 'packed'})"
+        copies = [name for name, copy in (("oneDNN", self._packed), ("few rows", self._panels)) if copy is not None]
+        return f"PackedWeight({'packed for ' + ' and '.join(copies) if copies else 'empty'})"
+
+
+_FEW_ROWS, _ONEDNN = object(), object()  # PackedWeight._route's answers
+
+
+def _few_rows_eligible(x: Tensor, weight: Tensor, bias: Tensor | None, macs: int) -> bool:
+    """Whether the few-row kernel computes ``F.linear(x, weight, bias)`` in inference mode:
+    at most ``few_rows.MAX_ROWS`` rows, at least ``few_rows.MIN_MACS`` multiply-adds."""
+    rows = macs // max(weight.numel(), 1)
+    return (
+        rows <= few_rows.MAX_ROWS
+        and macs >= few_rows.MIN_MACS
+        and x.shape[-1] == weight.shape[1]
+        and (bias is None or bias.is_contiguous())
+        and _plain_cpu_float32(x, weight, bias)
+        and few_rows.available()
+    )
 
 
 class Linear(nn.Linear):

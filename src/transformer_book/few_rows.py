@@ -1,0 +1,162 @@
+"""Appendix C: the matrix products of a decoding step, which have only a few rows.
+
+A cached decoding step multiplies one new position per sequence (a few rows: the batch) by
+every weight matrix of the decoder. Each weight is then used a few times only, so the
+product can be no faster than the weights arrive from memory, and PyTorch's libraries stream
+them at well under that speed for so few rows (appendix C and ``benchmarks/bench_kernels.py``
+measure both). ``few_rows.c`` is the product written for this case: the weight packed once
+into panels of eight outputs, read once front to back, each output summed in a fixed order.
+
+The C file is compiled on first use by the machine's C compiler (``$CC``, else ``cc``) for
+the CPU it runs on, with OpenMP threads (the OpenMP runtime PyTorch has loaded), and kept in
+``$TRANSFORMER_BOOK_CACHE`` (default ``~/.cache/transformer_book``). Where there is no
+compiler, compiling fails, the result computes wrongly, or ``TRANSFORMER_BOOK_FEW_ROWS=0``,
+:func:`available` is False and :class:`~transformer_book.kernels.PackedWeight` keeps these
+products with oneDNN: the same numbers to float rounding, more slowly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._checks import shape_of
+
+#: In inference mode, a product of at most this many rows runs here (when :func:`available`).
+#: Measured on an AMD EPYC (``benchmarks/bench_kernels.py``): faster than packed oneDNN for
+#: every decoder matrix of the base model up to 16 rows, slower from 32.
+MAX_ROWS = 16
+
+#: ... and at least this many multiply-adds (rows × in_features × out_features): below it,
+#: MKL's call costs less than this one's (a Python wrapper and a parallel region).
+MIN_MACS = 1 << 18
+
+SOURCE = Path(__file__).with_name("few_rows.c")
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+_library: ctypes.CDLL | None = None
+_lanes = 0  # outputs per panel, read from the compiled library
+_unavailable: str | None = None  # why not, once tried and failed
+
+
+def available() -> bool:
+    """Whether the kernel is compiled, loaded and correct here (tried once per process)."""
+    return _load() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (``None`` when it is True or not yet tried)."""
+    return _unavailable
+
+
+def pack(weight: Tensor) -> Tensor:
+    """``weight (out, in)`` → panels ``(ceil(out / lanes), in, lanes)``: panel ``p`` holds
+    outputs ``p * lanes ...`` side by side for each input feature, zeros past ``out``."""
+    out_features, in_features = weight.shape
+    count = -(-out_features // _lanes)
+    padded = F.pad(weight.detach().float(), (0, 0, 0, count * _lanes - out_features))
+    return padded.view(count, _lanes, in_features).transpose(1, 2).contiguous()
+
+
+def linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    """``F.linear(x, weight, bias)`` with ``panels = pack(weight)``: ``x (..., in)`` → ``(..., out)``.
+
+    ``x`` is float32 on the CPU; so are ``panels`` and ``bias`` (contiguous, ``(out,)``).
+    """
+    if x.dtype != torch.float32 or not x.is_cpu or x.shape[-1:] != panels.shape[1:2]:
+        raise ValueError(
+            f"x must be float32 on the CPU with {panels.shape[1]} features, got {x.dtype} {shape_of(x)} on {x.device}"
+        )
+    if not 0 < out_features <= panels.shape[0] * _lanes:
+        raise ValueError(f"out_features={out_features} does not fit panels {shape_of(panels)}")
+    x = x.contiguous()
+    y = x.new_empty(*x.shape[:-1], out_features)
+    in_features = panels.shape[1]
+    _library.few_rows_linear(
+        x.data_ptr(),
+        panels.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        y.data_ptr(),
+        x.numel() // in_features,
+        out_features,
+        in_features,
+        torch.get_num_threads(),
+    )
+    return y
+
+
+def _load() -> ctypes.CDLL | None:
+    global _library, _lanes, _unavailable
+    if _library is not None or _unavailable is not None:
+        return _library
+    if os.environ.get("TRANSFORMER_BOOK_FEW_ROWS", "1") == "0":
+        _unavailable = "switched off by TRANSFORMER_BOOK_FEW_ROWS=0"
+        return None
+    try:
+        library = ctypes.CDLL(str(_compiled()))
+    except (OSError, subprocess.SubprocessError) as error:
+        _unavailable = f"could not compile or load {SOURCE.name}: {error}"
+        return None
+    library.few_rows_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    library.few_rows_linear.restype = None
+    _library, _lanes = library, library.few_rows_lanes()
+    if not _computes_correctly():
+        _library, _unavailable = None, f"{SOURCE.name} compiled here computes wrong products"
+    return _library
+
+
+def _computes_correctly() -> bool:
+    """A small product with odd sizes (partial panel, row counts below and above a block)
+    against PyTorch's, and each row equal to the row computed alone."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(13, 37, generator=generator)
+    bias = torch.randn(13, generator=generator)
+    x = torch.randn(11, 37, generator=generator)
+    with torch.inference_mode():
+        panels = pack(weight)
+        y = linear(x, panels, bias, 13)
+        alone = torch.cat([linear(row[None], panels, bias, 13) for row in x])
+        return torch.allclose(y, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5) and torch.equal(y, alone)
+
+
+def _compiled() -> Path:
+    """The shared library built from ``few_rows.c`` for this CPU, compiler and flags: from
+    the cache, or compiled now (into a temporary name, then renamed: processes can race)."""
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise OSError(f"no C compiler {compiler!r} on PATH")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + repr((compiler, _FLAGS, platform.machine(), _cpu())).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("TRANSFORMER_BOOK_CACHE") or Path.home() / ".cache" / "transformer_book")
+    target = cache / f"few_rows-{key}.so"
+    if target.exists():
+        return target
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: compile for this process only
+        cache = Path(tempfile.mkdtemp(prefix="transformer_book-"))
+        target = cache / target.name
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
+        built = Path(scratch) / target.name
+        subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", str(built)], check=True, capture_output=True, timeout=120)
+        os.replace(built, target)
+    return target
+
+
+def _cpu() -> str:
+    """What identifies this CPU's instruction set (-march=native compiles for it)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags", "Features")  # x86 names its extensions "flags", Arm "Features"
+    return "\n".join(dict.fromkeys(line for line in lines if line.startswith(wanted)))  # once, not per core
