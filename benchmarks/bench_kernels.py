@@ -1,17 +1,20 @@
 """The package's CPU kernels against PyTorch's own, claim by claim (appendix C's kernel table).
 
 ``transformer_book.kernels`` sends float32 products on a CPU to oneDNN instead of MKL,
-packs a weight for the few-row products of decoding, keeps products under
-``PACKED_MIN_MACS`` multiply-adds with MKL, and draws dropout masks from 16 random bits
-per element. Each row below times one of those choices against PyTorch's default, the
+sends the few-row products of decoding to its own kernel (``transformer_book.few_rows``),
+keeps products under ``PACKED_MIN_MACS`` multiply-adds with MKL, and draws dropout masks
+from 16 random bits per element. Each row below times one of those choices against PyTorch's default, the
 two taking turns, so that appendix C can state the figures from this script's results
 file instead of typing them:
 
 - training products: the base model's matrix products on 8 × 64 rows, MKL (``F.linear``)
   against oneDNN with the weight as it is (as the forward of a training step runs them);
 - decoding products: the same weights on 8 rows (one new token per sentence), MKL against
-  oneDNN with packed weights; beside them, reading every weight once with nothing else
+  the few-row kernel; beside them, oneDNN with packed weights (the package's kernel for
+  them before the few-row one) and reading every weight once with nothing else
   (``weight.sum()``), the least time a product that must read its weight can take;
+- how many rows are few: the few-row kernel against packed oneDNN on the same weights, from
+  1 to 32 rows (``few_rows.MAX_ROWS`` is where it stops winning);
 - one call: the cost of a product too small to measure anything but the call, 8 × 64 × 64;
 - a small model's decoding step: greedy decoding with the size rule (``PACKED_MIN_MACS``)
   against every product packed, in µs per new token (the encoder's share included);
@@ -42,9 +45,16 @@ CPU = torch.device("cpu")
 
 def products(weights: list[tuple[torch.Tensor, torch.Tensor]], num_rows: int, kernel: str) -> Callable[[], object]:
     """Every product of ``weights`` on ``num_rows`` random rows with one ``kernel``: ``"mkl"``
-    (``F.linear``), ``"onednn"`` (the weight as it is) or ``"packed"`` (oneDNN, packed weight)."""
-    if kernel == "packed":
-        return products_alone(weights, num_rows, CPU)
+    (``F.linear``), ``"onednn"`` (the weight as it is), ``"packed"`` (oneDNN, packed weight)
+    or ``"few rows"`` (``tb.few_rows``, whatever the number of rows)."""
+    if kernel in ("packed", "few rows"):
+        run = products_alone(weights, num_rows, CPU)
+
+        def limited() -> object:
+            with few_row_limit(0 if kernel == "packed" else num_rows):
+                return run()
+
+        return limited
     rows = {w.shape[1]: torch.randn(num_rows, w.shape[1]) for w, _ in weights}
     product = F.linear if kernel == "mkl" else tb.kernels.linear  # oneDNN in inference mode
 
@@ -68,6 +78,16 @@ def size_rule(min_macs: int) -> Iterator[None]:
         yield
     finally:
         tb.kernels.PACKED_MIN_MACS = before
+
+
+@contextmanager
+def few_row_limit(max_rows: int) -> Iterator[None]:
+    """``tb.few_rows.MAX_ROWS`` set to ``max_rows`` within the block (0: never the few-row kernel)."""
+    before, tb.few_rows.MAX_ROWS = tb.few_rows.MAX_ROWS, max_rows
+    try:
+        yield
+    finally:
+        tb.few_rows.MAX_ROWS = before
 
 
 def row(what: str, pytorch: str, package: str, times: dict[str, float], per: int = 1, **extra) -> dict:
@@ -94,12 +114,15 @@ def run(vocab: int, repeats: int) -> list[dict]:
                                  "oneDNN": products(weights, 8 * 64, "onednn")}, CPU, repeats)  # fmt: skip
     rows.append(row("training products (8 × 64 rows, base sizes)", "MKL", "oneDNN", times, len(weights)))
 
-    times = interleaved_medians({"MKL": products(weights, 8, "mkl"), "packed oneDNN": products(weights, 8, "packed"),
-                                 "read once": read_once(weights)}, CPU, repeats)  # fmt: skip
+    assert tb.few_rows.available(), tb.few_rows.unavailable_reason()
+    times = interleaved_medians({"MKL": products(weights, 8, "mkl"), "few-row kernel": products(weights, 8, "few rows"),
+                                 "packed oneDNN": products(weights, 8, "packed"), "read once": read_once(weights)},
+                                CPU, repeats)  # fmt: skip
     gb_per_s = {name: megabytes / 1e3 / seconds for name, seconds in times.items()}
-    rows.append(row("decoding products (8 rows, base sizes)", "MKL", "packed oneDNN", times, len(weights),
+    rows.append(row("decoding products (8 rows, base sizes)", "MKL", "few-row kernel", times, len(weights),
                     weights_mb=megabytes, read_once_us=times["read once"] * 1e6 / len(weights),
-                    pytorch_gb_per_s=gb_per_s["MKL"], package_gb_per_s=gb_per_s["packed oneDNN"],
+                    onednn_us=times["packed oneDNN"] * 1e6 / len(weights), pytorch_gb_per_s=gb_per_s["MKL"],
+                    package_gb_per_s=gb_per_s["few-row kernel"], onednn_gb_per_s=gb_per_s["packed oneDNN"],
                     read_once_gb_per_s=gb_per_s["read once"]))  # fmt: skip
 
     tiny = [(torch.randn(64, 64), torch.randn(64))] * 200
@@ -129,12 +152,29 @@ def run(vocab: int, repeats: int) -> list[dict]:
     return rows
 
 
+def run_few_rows(vocab: int, repeats: int, counts: tuple[int, ...] = (1, 4, 8, 16, 32)) -> list[dict]:
+    """The few-row kernel against packed oneDNN on a decoding step's weights (base sizes), by rows."""
+    tb.seed_everything(0)
+    weights = step_products(tb.make_model(tb.ModelConfig.base(vocab)).eval())
+    megabytes = sum(w.numel() * w.element_size() for w, _ in weights) / 1e6
+    result = []
+    for count in counts:
+        times = interleaved_medians({"packed oneDNN": products(weights, count, "packed"),
+                                     "few-row kernel": products(weights, count, "few rows")}, CPU, repeats)  # fmt: skip
+        result.append({"rows": count, "onednn_us": times["packed oneDNN"] * 1e6 / len(weights),
+                       "few_rows_us": times["few-row kernel"] * 1e6 / len(weights),
+                       "speedup": times["packed oneDNN"] / times["few-row kernel"],
+                       "few_rows_gb_per_s": megabytes / 1e3 / times["few-row kernel"]})  # fmt: skip
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=21)
     args = parser.parse_args()
     rows = run(args.vocab, args.repeats)
+    few = run_few_rows(args.vocab, args.repeats)
     title = f"vocabulary {args.vocab}, float32, median of {args.repeats}, µs per call (per step for decoding)"
     print_table(
         f"The package's CPU kernels against PyTorch's — {title}\n{machine()}",
@@ -144,10 +184,18 @@ def main() -> None:
     )  # fmt: skip
     decoding = rows[1]
     print(f"\nDecoding products read {decoding['weights_mb']:.0f} MB of weights per step: MKL at "
-          f"{decoding['pytorch_gb_per_s']:.1f} GB/s, packed oneDNN at {decoding['package_gb_per_s']:.1f} GB/s; "
-          f"a sum over each weight reads them at {decoding['read_once_gb_per_s']:.1f} GB/s.")  # fmt: skip
+          f"{decoding['pytorch_gb_per_s']:.1f} GB/s, packed oneDNN at {decoding['onednn_gb_per_s']:.1f} GB/s, "
+          f"the few-row kernel at {decoding['package_gb_per_s']:.1f} GB/s; a sum over each weight reads them at "
+          f"{decoding['read_once_gb_per_s']:.1f} GB/s.\n")  # fmt: skip
+    print_table(
+        f"The few-row kernel against packed oneDNN, a decoding step's products (base sizes), µs per product; "
+        f"the package uses it up to {tb.few_rows.MAX_ROWS} rows",
+        ["rows", "packed oneDNN µs", "few-row kernel µs", "speed-up", "few-row GB/s"],
+        [[r["rows"], f"{r['onednn_us']:.1f}", f"{r['few_rows_us']:.1f}", f"{r['speedup']:.2f}x",
+          f"{r['few_rows_gb_per_s']:.1f}"] for r in few],
+    )  # fmt: skip
     if vars(args) == vars(parser.parse_args([])):
-        write_results("kernels", {"title": title, "rows": rows})
+        write_results("kernels", {"title": title, "rows": rows, "few_rows": few, "few_rows_max": tb.few_rows.MAX_ROWS})
 
 
 if __name__ == "__main__":

@@ -18,12 +18,14 @@ def test_wheel_is_installed_not_the_checkout(wheel_env: ColabEnv, tmp_path: Path
     """Outside any kernel: the venv imports the package from its site-packages, without pytest."""
     code = (
         "import transformer_book as tb, importlib.util as u; print(tb.__file__); print(u.find_spec('pytest') is None);"
-        "print(len(tb.trained_model('dates', device=__import__('torch').device('cpu')).task.test_dates))"
+        "print(len(tb.trained_model('dates', device=__import__('torch').device('cpu')).task.test_dates));"
+        "print(tb.few_rows.available() or tb.few_rows.unavailable_reason())"
     )
-    out = _run([wheel_env.python, "-c", code], cwd=tmp_path, env=wheel_env.env).stdout.split()
+    out = _run([wheel_env.python, "-c", code], cwd=tmp_path, env=wheel_env.env).stdout.split("\n")
     assert inside(out[0], wheel_env.site_packages), (
         f"transformer_book came from {out[0]}, not {wheel_env.site_packages}"
     )
     assert not inside(out[0], REPO_ROOT), out[0]
     assert out[1] == "True", "the venv should hold only the package and what a notebook needs"
     assert out[2] == "1000", "the wheel must ship the dates checkpoint that trained_model() loads"
+    assert out[3] == "True", f"the wheel must ship few_rows.c, and it must compile there: {out[3]}"

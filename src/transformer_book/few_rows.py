@@ -33,8 +33,8 @@ from torch import Tensor
 from ._checks import shape_of
 
 #: In inference mode, a product of at most this many rows runs here (when :func:`available`).
-#: Measured on an AMD EPYC (``benchmarks/bench_kernels.py``): faster than packed oneDNN for
-#: every decoder matrix of the base model up to 16 rows, slower from 32.
+#: Measured on an AMD EPYC (``benchmarks/bench_kernels.py``): 1.3 to 2.5 times as fast as
+#: packed oneDNN on the base model's decoder matrices up to 16 rows, about even at 32.
 MAX_ROWS = 16
 
 #: ... and at least this many multiply-adds (rows × in_features × out_features): below it,
