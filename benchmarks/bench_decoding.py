@@ -69,8 +69,8 @@ def products_alone(
     products: list[tuple[torch.Tensor, torch.Tensor]], num_rows: int, device: torch.device
 ) -> Callable[[], object]:
     """The matrix products ``products`` alone, on ``num_rows`` rows each, nothing else, on the
-    kernels decoding uses (in inference mode on a CPU: oneDNN with packed weights, or MKL
-    for a product under ``tb.kernels.PACKED_MIN_MACS``).
+    kernels decoding uses (in inference mode on a CPU: ``tb.few_rows`` for a few rows,
+    oneDNN with packed weights for more, MKL for a product under ``tb.kernels.PACKED_MIN_MACS``).
 
     The base model's weights do not fit in a CPU's caches, so here, as in decoding, every
     product reads its weights from memory."""

@@ -10,16 +10,18 @@ appendix C shows its figures):
 
 - **Matrix products.** PyTorch sends ``F.linear`` on a CPU to MKL's sgemm. oneDNN,
   the other matrix library PyTorch ships, was faster on this project's AMD EPYC machines
-  for the many-row products of training, and much faster for the few-row products of a
-  decoding step once a weight is reordered into its blocked layout.
-  Reordering reads and writes the whole weight, so it pays only when the weight is
-  then used many times unchanged: in ``torch.inference_mode``, where no optimiser can
-  change it (the step ``torch.compile`` takes for a frozen CPU model). In training the
-  forward product and the input's gradient use oneDNN, the weight's gradient MKL, each
-  the faster there for most of the model's shapes. A oneDNN call costs more before it
-  computes anything than an MKL call, so in inference mode a product smaller than
-  :data:`PACKED_MIN_MACS` stays with MKL (a decoding step of a small model is all such
-  products). oneDNN computes in exact float32 (its default math mode).
+  for the many-row products of training, and faster still once a weight is reordered
+  into its blocked layout. Reordering reads and writes the whole weight, so it pays only
+  when the weight is then used many times unchanged: in ``torch.inference_mode``, where
+  no optimiser can change it (the step ``torch.compile`` takes for a frozen CPU model).
+  There the few-row products of a decoding step go to :mod:`~transformer_book.few_rows`,
+  a kernel written for them, which streams the weights nearer the memory's speed (see
+  :class:`PackedWeight` for the rules). In training the forward product and the input's
+  gradient use oneDNN, the weight's gradient MKL, each the faster there for most of the
+  model's shapes. A oneDNN call costs more before it computes anything than an MKL call,
+  so in inference mode a product smaller than :data:`PACKED_MIN_MACS` stays with MKL (a
+  decoding step of a small model is all such products). oneDNN computes in exact float32
+  (its default math mode).
 - **Dropout masks.** ``F.dropout`` draws one float per element with ``bernoulli_``,
   which on CPUs other than Intel's runs on a single thread, one 32-bit draw per
   element. :class:`Dropout` draws 16 random bits per element from the same seeded
