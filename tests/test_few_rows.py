@@ -100,6 +100,8 @@ def test_without_the_kernel_the_products_stay_with_onednn(monkeypatch: pytest.Mo
     monkeypatch.setenv("TRANSFORMER_BOOK_CACHE", "/nonexistent/never-used")
     assert not few_rows.available()
     assert "no C compiler 'no-such-compiler' on PATH" in few_rows.unavailable_reason()
+    with pytest.raises(RuntimeError, match="the few-row kernel is unavailable here: .*no C compiler"):
+        few_rows.pack(torch.randn(4, 4))
     layer = Linear(256, 512)  # 8 rows: 2**20 multiply-adds, PACKED_MIN_MACS
     x = torch.randn(8, 256)
     with torch.inference_mode():

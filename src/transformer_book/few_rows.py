@@ -61,6 +61,7 @@ def unavailable_reason() -> str | None:
 def pack(weight: Tensor) -> Tensor:
     """``weight (out, in)`` → panels ``(ceil(out / lanes), in, lanes)``: panel ``p`` holds
     outputs ``p * lanes ...`` side by side for each input feature, zeros past ``out``."""
+    _require()
     out_features, in_features = weight.shape
     count = -(-out_features // _lanes)
     padded = F.pad(weight.detach().float(), (0, 0, 0, count * _lanes - out_features))
@@ -72,6 +73,7 @@ def linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) ->
 
     ``x`` is float32 on the CPU; so are ``panels`` and ``bias`` (contiguous, ``(out,)``).
     """
+    _require()
     if x.dtype != torch.float32 or not x.is_cpu or x.shape[-1:] != panels.shape[1:2]:
         raise ValueError(
             f"x must be float32 on the CPU with {panels.shape[1]} features, got {x.dtype} {shape_of(x)} on {x.device}"
@@ -92,6 +94,11 @@ def linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) ->
         torch.get_num_threads(),
     )
     return y
+
+
+def _require() -> None:
+    if _load() is None:
+        raise RuntimeError(f"the few-row kernel is unavailable here: {_unavailable}")
 
 
 def _load() -> ctypes.CDLL | None:
