@@ -30,8 +30,8 @@ Only the default run writes the results file that appendix C shows.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +51,8 @@ def products(weights: list[tuple[torch.Tensor, torch.Tensor]], num_rows: int, ke
         run = products_alone(weights, num_rows, CPU)
 
         def limited() -> object:
-            with few_row_limit(0 if kernel == "packed" else num_rows):
+            # the packed oneDNN path: no product is few enough; the few-row kernel: every one is
+            with patch.object(tb.few_rows, "MAX_ROWS", 0 if kernel == "packed" else num_rows):
                 return run()
 
         return limited
@@ -68,26 +69,6 @@ def products(weights: list[tuple[torch.Tensor, torch.Tensor]], num_rows: int, ke
 def read_once(weights: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], object]:
     """Read every weight once and do next to nothing with it: a sum per weight."""
     return lambda: [w.sum() for w, _ in weights]
-
-
-@contextmanager
-def size_rule(min_macs: int) -> Iterator[None]:
-    """``tb.kernels.PACKED_MIN_MACS`` set to ``min_macs`` within the block."""
-    before, tb.kernels.PACKED_MIN_MACS = tb.kernels.PACKED_MIN_MACS, min_macs
-    try:
-        yield
-    finally:
-        tb.kernels.PACKED_MIN_MACS = before
-
-
-@contextmanager
-def few_row_limit(max_rows: int) -> Iterator[None]:
-    """``tb.few_rows.MAX_ROWS`` set to ``max_rows`` within the block (0: never the few-row kernel)."""
-    before, tb.few_rows.MAX_ROWS = tb.few_rows.MAX_ROWS, max_rows
-    try:
-        yield
-    finally:
-        tb.few_rows.MAX_ROWS = before
 
 
 def row(what: str, pytorch: str, package: str, times: dict[str, float], per: int = 1, **extra) -> dict:
@@ -135,7 +116,7 @@ def run(vocab: int, repeats: int) -> list[dict]:
 
     def decode(model: tb.Transformer, min_macs: int) -> Callable[[], object]:
         def go() -> object:
-            with size_rule(min_macs):
+            with patch.object(tb.kernels, "PACKED_MIN_MACS", min_macs):
                 return tb.greedy_decode(model, src, new + 1, 1, None)
 
         return go
