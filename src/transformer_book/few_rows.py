@@ -33,12 +33,13 @@ from torch import Tensor
 from ._checks import shape_of
 
 #: In inference mode, a product of at most this many rows runs here (when :func:`available`).
-#: Measured on an AMD EPYC (``benchmarks/bench_kernels.py``): 1.3 to 2.5 times as fast as
+#: Measured with ``benchmarks/bench_kernels.py`` on an AMD EPYC, it was 1.3 to 2.5 times as fast as
 #: packed oneDNN on the base model's decoder matrices up to 16 rows, about even at 32.
 MAX_ROWS = 16
 
-#: ... and at least this many multiply-adds (rows × in_features × out_features): below it,
-#: MKL's call costs less than this one's (a Python wrapper and a parallel region).
+#: In inference mode, a product runs here only if it has at least this many multiply-adds,
+#: rows times in_features times out_features. For fewer, MKL's call costs less than this
+#: one, which goes through a Python wrapper and a parallel region.
 MIN_MACS = 1 << 18
 
 SOURCE = Path(__file__).with_name("few_rows.c")
