@@ -59,6 +59,10 @@ def test_bad_input_is_a_value_error_naming_it() -> None:
         few_rows.linear(torch.randn(2, 7), panels, None, 10)
     with pytest.raises(ValueError, match=r"out_features=17 does not fit panels \(2, 6, 8\)"):
         few_rows.linear(torch.randn(2, 6), panels, None, 17)
+    with pytest.raises(ValueError, match=r"does not fit panels \(2, 6, 4\) \(use pack\(weight\)\)"):
+        few_rows.linear(torch.randn(2, 6), panels[..., :4], None, 10)
+    with pytest.raises(ValueError, match=r"bias must be contiguous float32 \(10\) on the CPU, got \(5\)"):
+        few_rows.linear(torch.randn(2, 6), panels, torch.randn(5), 10)
 
 
 def test_packed_weight_routes_by_rows_and_size() -> None:

@@ -79,8 +79,19 @@ def linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) ->
         raise ValueError(
             f"x must be float32 on the CPU with {panels.shape[1]} features, got {x.dtype} {shape_of(x)} on {x.device}"
         )
-    if not 0 < out_features <= panels.shape[0] * _lanes:
-        raise ValueError(f"out_features={out_features} does not fit panels {shape_of(panels)}")
+    if not (
+        panels.dim() == 3
+        and panels.shape[2] == _lanes
+        and panels.dtype == torch.float32
+        and panels.is_cpu
+        and panels.is_contiguous()
+        and 0 < out_features <= panels.shape[0] * _lanes
+    ):
+        raise ValueError(f"out_features={out_features} does not fit panels {shape_of(panels)} (use pack(weight))")
+    if bias is not None and not (
+        bias.shape == (out_features,) and bias.dtype == torch.float32 and bias.is_cpu and bias.is_contiguous()
+    ):  # the C loop reads out_features floats from it
+        raise ValueError(f"bias must be contiguous float32 ({out_features}) on the CPU, got {shape_of(bias)}")
     x = x.contiguous()
     y = x.new_empty(*x.shape[:-1], out_features)
     in_features = panels.shape[1]
