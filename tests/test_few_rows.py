@@ -128,3 +128,11 @@ def test_the_compiled_library_is_reused_from_the_cache(monkeypatch: pytest.Monke
 
 def test_a_new_packed_weight_is_empty() -> None:
     assert repr(PackedWeight()) == "PackedWeight(empty)"
+
+
+def test_a_bias_that_does_not_fit_never_reaches_the_kernel() -> None:
+    """PackedWeight checks the bias's shape before choosing the few-row kernel (which reads
+    out_features floats from it): a wrong one gets PyTorch's own error."""
+    weight, bias = torch.randn(512, 256), torch.randn(5)
+    with torch.inference_mode(), pytest.raises(RuntimeError):
+        PackedWeight().linear(torch.randn(8, 256), weight, bias)

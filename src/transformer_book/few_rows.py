@@ -75,10 +75,6 @@ def linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) ->
     ``x`` is float32 on the CPU; so are ``panels`` and ``bias`` (contiguous, ``(out,)``).
     """
     _require()
-    if x.dtype != torch.float32 or not x.is_cpu or x.shape[-1:] != panels.shape[1:2]:
-        raise ValueError(
-            f"x must be float32 on the CPU with {panels.shape[1]} features, got {x.dtype} {shape_of(x)} on {x.device}"
-        )
     if not (
         panels.dim() == 3
         and panels.shape[2] == _lanes
@@ -92,6 +88,16 @@ def linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) ->
         bias.shape == (out_features,) and bias.dtype == torch.float32 and bias.is_cpu and bias.is_contiguous()
     ):  # the C loop reads out_features floats from it
         raise ValueError(f"bias must be contiguous float32 ({out_features}) on the CPU, got {shape_of(bias)}")
+    return product(x, panels, bias, out_features)
+
+
+def product(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    """:func:`linear` for ``panels`` and ``bias`` already known to fit (``PackedWeight``'s own,
+    checked once): only ``x`` is checked, on every call of a decoding step."""
+    if x.dtype != torch.float32 or not x.is_cpu or x.shape[-1:] != panels.shape[1:2]:
+        raise ValueError(
+            f"x must be float32 on the CPU with {panels.shape[1]} features, got {x.dtype} {shape_of(x)} on {x.device}"
+        )
     x = x.contiguous()
     y = x.new_empty(*x.shape[:-1], out_features)
     in_features = panels.shape[1]

@@ -226,7 +226,7 @@ class PackedWeight:
             and not torch._C._len_torch_dispatch_stack()  # no dispatch mode entered since
         ):  # the weight was checked earlier in this block
             if route is _FEW_ROWS:
-                return few_rows.linear(x, self._panels, bias, self._panels_out)
+                return few_rows.product(x, self._panels, bias, self._panels_out)
             return _onednn_linear(x, self._packed, bias)
         if not torch.is_inference_mode_enabled():
             return linear(x, weight, bias)
@@ -252,7 +252,7 @@ class PackedWeight:
             self._few_numel = (few_rows.MAX_ROWS + 1) * in_features if few_rows.available() else 0
             self._min_numel = -(-PACKED_MIN_MACS // weights) * in_features
         if few:
-            return few_rows.linear(x, self._panels, bias, self._panels_out)
+            return few_rows.product(x, self._panels, bias, self._panels_out)
         return _onednn_linear(x, self._packed, bias)
 
     def bind(
@@ -266,7 +266,7 @@ class PackedWeight:
         route = self._route(numel)
         if route is _FEW_ROWS:
             panels, out_features = self._panels, self._panels_out
-            return lambda x: few_rows.linear(x, panels, bias, out_features)
+            return lambda x: few_rows.product(x, panels, bias, out_features)
         if route is _ONEDNN:
             packed = self._packed
             return lambda x: _onednn_linear(x, packed, bias)
@@ -313,7 +313,7 @@ def _few_rows_eligible(x: Tensor, weight: Tensor, bias: Tensor | None, macs: int
         rows <= few_rows.MAX_ROWS
         and macs >= few_rows.MIN_MACS
         and x.shape[-1] == weight.shape[1]
-        and (bias is None or bias.is_contiguous())
+        and (bias is None or (bias.shape == weight.shape[:1] and bias.is_contiguous()))
         and _plain_cpu_float32(x, weight, bias)
         and few_rows.available()
     )
