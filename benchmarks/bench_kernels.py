@@ -2,8 +2,8 @@
 
 ``transformer_book.kernels`` sends float32 products on a CPU to oneDNN instead of MKL,
 sends the few-row products of decoding to its own kernel (``transformer_book.few_rows``),
-keeps products under ``PACKED_MIN_MACS`` multiply-adds with MKL, and draws dropout masks
-from 16 random bits per element. Each row below times one of those choices against PyTorch's default, the
+keeps products under ``PACKED_MIN_MACS`` multiply-adds with MKL, and computes dropout in
+one pass (``transformer_book.dropout_kernel``). Each row below times one of those choices against PyTorch's default, the
 two taking turns, so that appendix C can state the figures from this script's results
 file instead of typing them:
 

@@ -19,7 +19,8 @@ def test_wheel_is_installed_not_the_checkout(wheel_env: ColabEnv, tmp_path: Path
     code = (
         "import transformer_book as tb, importlib.util as u; print(tb.__file__); print(u.find_spec('pytest') is None);"
         "print(len(tb.trained_model('dates', device=__import__('torch').device('cpu')).task.test_dates));"
-        "print(tb.few_rows.available() or tb.few_rows.unavailable_reason())"
+        "print(tb.few_rows.available() or tb.few_rows.unavailable_reason());"
+        "print(tb.dropout_kernel.available() or tb.dropout_kernel.unavailable_reason())"
     )
     out = _run([wheel_env.python, "-c", code], cwd=tmp_path, env=wheel_env.env).stdout.split("\n")
     assert inside(out[0], wheel_env.site_packages), (
@@ -29,3 +30,4 @@ def test_wheel_is_installed_not_the_checkout(wheel_env: ColabEnv, tmp_path: Path
     assert out[1] == "True", "the venv should hold only the package and what a notebook needs"
     assert out[2] == "1000", "the wheel must ship the dates checkpoint that trained_model() loads"
     assert out[3] == "True", f"the wheel must ship few_rows.c, and it must compile there: {out[3]}"
+    assert out[4] == "True", f"the wheel must ship dropout_kernel.c, and it must compile there: {out[4]}"

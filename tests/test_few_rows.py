@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_book import few_rows, kernels
+from transformer_book import _native, few_rows, kernels
 from transformer_book.kernels import Linear, PackedWeight
 
 
@@ -115,14 +115,14 @@ def test_without_the_kernel_the_products_stay_with_onednn(monkeypatch: pytest.Mo
 
 def test_the_compiled_library_is_reused_from_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("TRANSFORMER_BOOK_CACHE", str(tmp_path))
-    built = few_rows._compiled()
+    built = _native.compiled(few_rows.SOURCE)
     assert built.parent == tmp_path and built.exists()
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("compiled again")
 
-    monkeypatch.setattr(few_rows.subprocess, "run", no_compiling)
-    assert few_rows._compiled() == built
+    monkeypatch.setattr(_native.subprocess, "run", no_compiling)
+    assert _native.compiled(few_rows.SOURCE) == built
     assert list(tmp_path.iterdir()) == [built]  # no scratch left behind
 
 

@@ -14,9 +14,10 @@ Each module mirrors a chapter of The Executable Transformer:
 - ``runtime``     — device, seeding (``TRANSFORMER_BOOK_SEED``), versions
 - ``kernels``     — appendix C, the CPU kernels behind the model's ``Linear`` and ``Dropout``
 - ``few_rows``    — appendix C, the matrix product of a decoding step's few rows (C, compiled on first use)
+- ``dropout_kernel`` — appendix C, dropout in one pass, its mask a hash of seed and position (C, idem)
 """
 
-from . import few_rows, kernels
+from . import dropout_kernel, few_rows, kernels
 from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
 from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
@@ -102,6 +103,7 @@ __all__ = [
     "sublayer_connection",
     "target_mask",
     "to_pytorch_mask",
+    "dropout_kernel",
     "few_rows",
     "kernels",
 ]

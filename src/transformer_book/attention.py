@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import kernels
 from ._checks import check_features, check_mask, check_positive, check_probability, require_tensor, shape_of
 from .kernels import Linear, PackedWeight, linear, weight_stamp
 
@@ -50,18 +51,27 @@ def scaled_dot_product_attention(
             f"key and value must have the same length, got key {shape_of(key)} and value {shape_of(value)}"
         )
     check_probability(dropout_p, "dropout_p")
+    if mask is not None:
+        scores_shape = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]), query.shape[-2], key.shape[-2])
+        check_mask(mask, "mask", scores_shape)
+    return _attention(query, key, value, mask, dropout_p)
 
+
+def _attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout_p: float
+) -> tuple[Tensor, Tensor]:
+    """:func:`scaled_dot_product_attention` on inputs already checked."""
     d_k = query.shape[-1]
     scores = (query @ key.mT) / math.sqrt(d_k)  # (..., q_len, k_len)
     if mask is not None:
-        check_mask(mask, "mask", tuple(scores.shape))
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     if mask is not None:
         # softmax of a row that is all -inf is 0/0 = NaN; such a query attends to nothing.
-        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
+        attends = mask.any(dim=-1, keepdim=True)
+        if not (kernels.applies_to(weights) and bool(attends.all())):  # eager CPU: skip it if no row is empty
+            weights = weights.masked_fill(~attends, 0.0)
+    weights = kernels.dropout(weights, dropout_p)
     return weights @ value, weights
 
 
@@ -258,8 +268,10 @@ class MultiHeadAttention(nn.Module):
                 mask = mask.unsqueeze(-3)  # insert the head axis: (B, 1, q_len, k_len)
         dropout_p = self.dropout if self.training else 0.0
 
-        if need_weights or self.record_weights:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        # With dropout on a CPU, PyTorch's fused kernel computes the weights explicitly too and
+        # draws their mask with bernoulli_; the package's masks make the explicit path faster.
+        if need_weights or self.record_weights or (dropout_p > 0.0 and kernels.applies_to(q)):
+            heads, weights = _attention(q, k, v, mask, dropout_p)
             if self.record_weights:
                 self.last_weights = weights.detach()
             if not need_weights:

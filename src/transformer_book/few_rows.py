@@ -7,9 +7,8 @@ them at well under that speed for so few rows (appendix C and ``benchmarks/bench
 measure both). ``few_rows.c`` is the product written for this case: the weight packed once
 into panels of eight outputs, read once front to back, each output summed in a fixed order.
 
-The C file is compiled on first use by the machine's C compiler (``$CC``, else ``cc``) for
-the CPU it runs on, with OpenMP threads (the OpenMP runtime PyTorch has loaded), and kept in
-``$TRANSFORMER_BOOK_CACHE`` (default ``~/.cache/transformer_book``). Where there is no
+The C file is compiled on first use for the CPU it runs on (see ``_native``: ``$CC``,
+``$TRANSFORMER_BOOK_CACHE``). Where there is no
 compiler, compiling fails, the result computes wrongly, or ``TRANSFORMER_BOOK_FEW_ROWS=0``,
 :func:`available` is False and :class:`~transformer_book.kernels.PackedWeight` keeps these
 products with oneDNN: the same numbers to float rounding, more slowly.
@@ -18,18 +17,13 @@ products with oneDNN: the same numbers to float rounding, more slowly.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _native
 from ._checks import shape_of
 
 #: In inference mode, a product of at most this many rows runs here (when :func:`available`).
@@ -43,7 +37,6 @@ MAX_ROWS = 16
 MIN_MACS = 1 << 18
 
 SOURCE = Path(__file__).with_name("few_rows.c")
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 _library: ctypes.CDLL | None = None
 _lanes = 0  # outputs per panel, read from the compiled library
 _unavailable: str | None = None  # why not, once tried and failed
@@ -123,13 +116,8 @@ def _load() -> ctypes.CDLL | None:
     global _library, _lanes, _unavailable
     if _library is not None or _unavailable is not None:
         return _library
-    if os.environ.get("TRANSFORMER_BOOK_FEW_ROWS", "1") == "0":
-        _unavailable = "switched off by TRANSFORMER_BOOK_FEW_ROWS=0"
-        return None
-    try:
-        library = ctypes.CDLL(str(_compiled()))
-    except (OSError, subprocess.SubprocessError) as error:
-        _unavailable = f"could not compile or load {SOURCE.name}: {error}"
+    library, _unavailable = _native.load(SOURCE, "TRANSFORMER_BOOK_FEW_ROWS")
+    if library is None:
         return None
     library.few_rows_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     library.few_rows_linear.restype = None
@@ -151,37 +139,3 @@ def _computes_correctly() -> bool:
         y = linear(x, panels, bias, 13)
         alone = torch.cat([linear(row[None], panels, bias, 13) for row in x])
         return torch.allclose(y, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5) and torch.equal(y, alone)
-
-
-def _compiled() -> Path:
-    """The shared library built from ``few_rows.c`` for this CPU, compiler and flags: from
-    the cache, or compiled now (into a temporary name, then renamed: processes can race)."""
-    compiler = os.environ.get("CC") or "cc"
-    if shutil.which(compiler) is None:
-        raise OSError(f"no C compiler {compiler!r} on PATH")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + repr((compiler, _FLAGS, platform.machine(), _cpu())).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("TRANSFORMER_BOOK_CACHE") or Path.home() / ".cache" / "transformer_book")
-    target = cache / f"few_rows-{key}.so"
-    if target.exists():
-        return target
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError:  # a read-only home: compile for this process only
-        cache = Path(tempfile.mkdtemp(prefix="transformer_book-"))
-        target = cache / target.name
-    with tempfile.TemporaryDirectory(dir=cache) as scratch:
-        built = Path(scratch) / target.name
-        subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", str(built)], check=True, capture_output=True, timeout=120)
-        os.replace(built, target)
-    return target
-
-
-def _cpu() -> str:
-    """What identifies this CPU's instruction set (-march=native compiles for it)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = ("model name", "flags", "Features")  # x86 names its extensions "flags", Arm "Features"
-    return "\n".join(dict.fromkeys(line for line in lines if line.startswith(wanted)))  # once, not per core

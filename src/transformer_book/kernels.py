@@ -22,13 +22,17 @@ appendix C shows its figures):
   so in inference mode a product smaller than :data:`PACKED_MIN_MACS` stays with MKL (a
   decoding step of a small model is all such products). oneDNN computes in exact float32
   (its default math mode).
-- **Dropout masks.** ``F.dropout`` draws one float per element with ``bernoulli_``,
-  which on CPUs other than Intel's runs on a single thread, one 32-bit draw per
-  element. :class:`Dropout` draws 16 random bits per element from the same seeded
-  generator and keeps an element when they reach a threshold, so the drop
-  probability is ``p`` rounded to a multiple of 1/65536 (0.1 becomes 0.100006); kept
-  values are scaled by ``1 / (1 - p)``, as ``nn.Dropout`` does. The mask is kept as
-  one byte per element for backward.
+- **Dropout.** ``F.dropout`` draws one float per element with ``bernoulli_``, which on
+  CPUs other than Intel's runs on a single thread, one 32-bit draw per element, then
+  multiplies by the mask in another pass and keeps it for backward. :class:`Dropout` and
+  :func:`dropout` use :mod:`~transformer_book.dropout_kernel`: 16 random bits per element,
+  a hash of a seed drawn from PyTorch's seeded generator and the element's position,
+  computed with the product in one vectorised pass on every thread, and recomputed in
+  backward instead of stored. The drop probability is ``p`` rounded to a multiple of
+  1/65536 (0.1 becomes 0.100006); kept values are scaled by ``1 / (1 - p)``, as
+  ``nn.Dropout`` does. Attention's weights in training take the same dropout: the model's
+  attention computes them explicitly then (on a CPU PyTorch's fused kernel does so too when
+  it drops out).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
-from . import few_rows
+from . import dropout_kernel, few_rows
 
 _ONEDNN: bool | None = None  # oneDNN's linear ops present and working here? Decided on first use.
 _USE_OWN = True  # False inside pytorch_kernels()
@@ -109,10 +114,11 @@ def _onednn_available() -> bool:
     return _ONEDNN
 
 
-def _plain_cpu_float32(*tensors: Tensor | None) -> bool:
-    """Eager float32 CPU tensors, outside autocast, compilers and dispatch modes: where these
-    kernels apply. (A dispatch mode, such as ``FlopCounterMode`` or the fake tensors of
-    ``torch.export``, sees every aten op and should keep seeing them.)"""
+def applies_to(*tensors: Tensor | None) -> bool:
+    """Whether the package's kernels run for ``tensors``: eager float32 CPU tensors, outside
+    :func:`pytorch_kernels`, autocast, compilers and dispatch modes. (A dispatch mode, such
+    as ``FlopCounterMode`` or the fake tensors of ``torch.export``, sees every aten op and
+    should keep seeing them.)"""
     if (
         not _USE_OWN
         or torch._C._len_torch_dispatch_stack()
@@ -129,7 +135,7 @@ def _plain_cpu_float32(*tensors: Tensor | None) -> bool:
 
 
 def _onednn_eligible(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    return _plain_cpu_float32(x, weight, bias) and x.dim() >= 2 and _onednn_available()
+    return applies_to(x, weight, bias) and x.dim() >= 2 and _onednn_available()
 
 
 def _macs(x: Tensor, weight: Tensor) -> int:
@@ -314,7 +320,7 @@ def _few_rows_eligible(x: Tensor, weight: Tensor, bias: Tensor | None, macs: int
         and macs >= few_rows.MIN_MACS
         and x.shape[-1] == weight.shape[1]
         and (bias is None or (bias.shape == weight.shape[:1] and bias.is_contiguous()))
-        and _plain_cpu_float32(x, weight, bias)
+        and applies_to(x, weight, bias)
         and few_rows.available()
     )
 
@@ -346,30 +352,30 @@ class Linear(nn.Linear):
         return self.packed.bind(self.weight, self.bias, numel)
 
 
-class _MaskedScale(torch.autograd.Function):
-    """``x * keep * scale`` whose backward multiplies by the same boolean mask."""
+class _SeededDropout(torch.autograd.Function):
+    """Dropout whose backward recomputes the forward's mask from its seed (nothing is stored)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return x.mul(keep).mul_(scale)  # in place on the fresh product: one allocation, not two
+    def forward(ctx, x: Tensor, p: float, seed: int) -> Tensor:
+        ctx.p, ctx.seed = p, seed
+        return dropout_kernel.apply(x, p, seed)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None, None
+        return dropout_kernel.apply(grad, ctx.p, ctx.seed), None, None
 
 
-def dropout_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
-    """A boolean keep-mask of ``shape`` from 16 random bits per element: False with
-    probability ``p`` rounded to a multiple of 1/65536. The bits come from PyTorch's
-    default (seeded) generator."""
-    numel = math.prod(shape)
-    dropped = round(p * 65536)  # of the 65,536 values of 16 bits, this many drop
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-    lanes = words.view(torch.int16)[:numel].view(shape)  # uniform on -32768 .. 32767
-    return lanes >= dropped - 32768
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """``F.dropout(x, p, training)``, with :mod:`~transformer_book.dropout_kernel`'s masks on
+    float32 CPU tensors: each element zeroed with probability ``p`` (to 1/65536), the rest
+    scaled by ``1 / (1 - p)``; ``x`` itself when not ``training``. The mask's seed comes from
+    PyTorch's default generator, so ``torch.manual_seed`` repeats it."""
+    if not training or p == 0.0:
+        return x
+    if p == 1.0 or not applies_to(x):
+        return F.dropout(x, p, training)
+    return _SeededDropout.apply(x, p, dropout_kernel.draw_seed())
 
 
 class Dropout(nn.Dropout):
@@ -381,8 +387,6 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if self.p == 1.0 or self.inplace or not _plain_cpu_float32(x):
-            return F.dropout(x, self.p, self.training, self.inplace)
-        return _MaskedScale.apply(x, dropout_mask(x.shape, self.p), 1.0 / (1.0 - self.p))
+        if self.inplace:
+            return F.dropout(x, self.p, self.training, inplace=True)
+        return dropout(x, self.p, self.training)

@@ -1,0 +1,114 @@
+"""Appendix C: dropout in one pass, its mask a hash of the seed and the position.
+
+``F.dropout`` on a CPU draws a random number per element from PyTorch's generator (a
+Mersenne Twister: one stream, one thread), makes a mask, multiplies, and keeps the mask for
+backward. Here each element's 16 random bits are SplitMix64's hash of one seed (drawn from
+PyTorch's seeded generator) and the element's position, so ``dropout_kernel.c`` computes
+mask and product together, on every thread, vectorised, and backward recomputes the mask from
+the seed instead of storing it. An element is kept when its 16 bits reach ``p`` rounded to a
+multiple of 1/65536 (0.1 becomes 0.100006), and the kept values are scaled by
+``1 / (1 - p)``, as ``nn.Dropout`` does.
+
+The C file is compiled on first use (see ``_native``). Where it cannot be, computes wrongly,
+or ``TRANSFORMER_BOOK_DROPOUT_KERNEL=0``, :func:`apply` computes the same bits with
+PyTorch's integer operators: the same results, more slowly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from . import _native
+
+SOURCE = Path(__file__).with_name("dropout_kernel.c")
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # as in the C file
+_library: ctypes.CDLL | None = None
+_unavailable: str | None = None  # why not, once tried and failed
+
+
+def available() -> bool:
+    """Whether the C kernel is compiled, loaded and correct here (tried once per process)."""
+    return _load() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (``None`` when it is True or not yet tried)."""
+    return _unavailable
+
+
+def draw_seed() -> int:
+    """A seed for one mask, drawn from PyTorch's default (seeded) generator: 63 random bits."""
+    return int(torch.empty((), dtype=torch.int64).random_())
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int) -> Tensor:
+    """The boolean mask :func:`apply` uses, computed with PyTorch's operators: element ``i``
+    (in row-major order) is kept when lane ``i % 4`` of SplitMix64's word ``i // 4`` (lane 0
+    the low 16 bits), read as a signed 16-bit number, is at least ``round(p * 65536) - 32768``:
+    65536 - round(p * 65536) of its 65536 values."""
+    numel = math.prod(shape)
+    words = torch.arange(1, (numel + 3) // 4 + 1, dtype=torch.int64)
+    z = words.mul_(_signed(_GOLDEN)).add_(_signed(seed))  # int64 arithmetic wraps, as uint64's does
+    z = (z ^ _shift_right(z, 30)).mul_(_signed(_MIX1))
+    z = (z ^ _shift_right(z, 27)).mul_(_signed(_MIX2))
+    z = z ^ _shift_right(z, 31)
+    lanes = z.view(torch.int16)[:numel].view(shape)  # lane 0 first: these CPUs are little-endian
+    return lanes >= round(p * 65536) - 32768
+
+
+def apply(x: Tensor, p: float, seed: int) -> Tensor:
+    """``x (...)`` → ``x * keep_mask(x.shape, p, seed) / (1 - p)``, same shape, contiguous.
+    ``x`` is float32 on the CPU; ``0 <= p < 1``."""
+    if x.dtype != torch.float32 or not x.is_cpu:
+        raise ValueError(f"x must be float32 on the CPU, got {x.dtype} on {x.device}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p must be in [0, 1), got {p!r}")
+    scale = 1.0 / (1.0 - p)
+    x = x.contiguous()
+    if _load() is None:
+        return x.mul(keep_mask(x.shape, p, seed)).mul_(scale)
+    y = torch.empty_like(x)
+    _library.dropout_apply(
+        x.data_ptr(), y.data_ptr(), x.numel(), seed % 2**64, round(p * 65536) - 32768, scale, torch.get_num_threads()
+    )
+    return y
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 that holds it."""
+    value %= 2**64
+    return value - 2**64 if value >= 2**63 else value
+
+
+def _shift_right(z: Tensor, bits: int) -> Tensor:
+    """The unsigned (logical) shift of int64 ``z``: ``>>`` on int64 copies the sign bit."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _load() -> ctypes.CDLL | None:
+    global _library, _unavailable
+    if _library is not None or _unavailable is not None:
+        return _library
+    library, _unavailable = _native.load(SOURCE, "TRANSFORMER_BOOK_DROPOUT_KERNEL")
+    if library is None:
+        return None
+    library.dropout_apply.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long, ctypes.c_uint64, ctypes.c_int32]
+    library.dropout_apply.argtypes += [ctypes.c_float, ctypes.c_int]
+    library.dropout_apply.restype = None
+    _library = library
+    if not _computes_correctly():
+        _library, _unavailable = None, f"{SOURCE.name} compiled here computes wrong masks"
+    return _library
+
+
+def _computes_correctly() -> bool:
+    """The C kernel's output against PyTorch's operators on the same bits, for a length that
+    ends in a partial word, with a seed whose top bit is set."""
+    x = torch.randn(1, 4099, generator=torch.Generator().manual_seed(0))
+    seed = 2**64 - 12345
+    return torch.equal(apply(x, 0.3, seed), x.mul(keep_mask(x.shape, 0.3, seed)).mul_(1 / 0.7))

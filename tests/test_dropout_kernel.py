@@ -1,0 +1,103 @@
+"""Dropout in one pass (transformer_book.dropout_kernel): the C kernel and PyTorch's operators
+give the same bits, the drop rate is p on every lane, backward recomputes the same mask, and
+without a compiler the results are the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_book as tb
+from transformer_book import dropout_kernel, kernels
+
+
+def test_it_compiles_and_loads_here() -> None:
+    """CI's machines have a C compiler: the kernel must be there, not silently replaced."""
+    assert dropout_kernel.available(), dropout_kernel.unavailable_reason()
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (4,), (5, 7), (2, 3, 1029), (8, 64, 512)])
+@pytest.mark.parametrize("seed", [0, 1, 2**63 - 1, 2**64 - 1])
+def test_the_c_kernel_and_pytorchs_operators_agree_bit_for_bit(shape: tuple[int, ...], seed: int) -> None:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape)))
+    expected = x.mul(dropout_kernel.keep_mask(shape, 0.25, seed)).mul_(1 / 0.75)
+    assert torch.equal(dropout_kernel.apply(x, 0.25, seed), expected)
+
+
+def test_each_lane_drops_p_and_the_threads_do_not_matter() -> None:
+    x = torch.ones(1 << 20)
+    with_two = dropout_kernel.apply(x, 0.1, 12345)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(dropout_kernel.apply(x, 0.1, 12345), with_two)
+    finally:
+        torch.set_num_threads(before)
+    dropped = (with_two == 0).view(-1, 4).float().mean(0)  # by lane: the 16-bit quarters of a word
+    assert ((dropped - 0.1).abs() < 0.003).all(), dropped  # 5 standard deviations of 2^18 draws
+    assert not torch.equal(dropout_kernel.apply(x, 0.1, 12346), with_two)  # another seed, another mask
+
+
+def test_zeros_keep_their_sign_and_nan_goes_through_as_with_a_mask() -> None:
+    x = torch.tensor([-1.0, float("nan")] * 512)
+    y = dropout_kernel.apply(x, 0.5, 7)
+    keep = dropout_kernel.keep_mask(x.shape, 0.5, 7)
+    assert torch.isnan(y[1::2]).all()
+    assert torch.equal(torch.signbit(y[0::2]), torch.ones(512, dtype=torch.bool))
+    assert torch.equal(y[0::2] == 0, ~keep[0::2])
+
+
+def test_backward_recomputes_the_forwards_mask() -> None:
+    x = torch.randn(6, 50, 33, requires_grad=True)
+    torch.manual_seed(3)
+    y = kernels.dropout(x, 0.2)
+    torch.manual_seed(3)
+    keep = dropout_kernel.keep_mask(x.shape, 0.2, dropout_kernel.draw_seed())
+    assert torch.equal(y, x.detach().mul(keep).mul_(1 / 0.8))
+    grad = torch.randn(33, 50, 6).permute(2, 1, 0)  # not contiguous: read in the same order as x
+    y.backward(grad)
+    assert torch.equal(x.grad, grad.mul(keep).mul_(1 / 0.8))
+
+
+def test_bad_input_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="x must be float32 on the CPU, got torch.float64"):
+        dropout_kernel.apply(torch.zeros(3, dtype=torch.float64), 0.1, 0)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got 1.0"):
+        dropout_kernel.apply(torch.zeros(3), 1.0, 0)
+
+
+def test_without_the_kernel_the_results_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(4, 1001)
+    compiled = dropout_kernel.apply(x, 0.3, 99)
+    monkeypatch.setattr(dropout_kernel, "_library", None)
+    monkeypatch.setattr(dropout_kernel, "_unavailable", None)
+    monkeypatch.setenv("TRANSFORMER_BOOK_DROPOUT_KERNEL", "0")
+    assert not dropout_kernel.available()
+    assert dropout_kernel.unavailable_reason() == "switched off by TRANSFORMER_BOOK_DROPOUT_KERNEL=0"
+    assert torch.equal(dropout_kernel.apply(x, 0.3, 99), compiled)
+    monkeypatch.setattr(dropout_kernel, "_unavailable", None)
+    monkeypatch.delenv("TRANSFORMER_BOOK_DROPOUT_KERNEL")
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("TRANSFORMER_BOOK_CACHE", "/nonexistent/never-used")
+    assert not dropout_kernel.available()
+    assert "no C compiler 'no-such-compiler' on PATH" in dropout_kernel.unavailable_reason()
+    assert torch.equal(dropout_kernel.apply(x, 0.3, 99), compiled)
+
+
+def test_attention_in_training_drops_weights_with_the_same_masks() -> None:
+    """On a CPU the model's attention computes its weights explicitly in training, and drops
+    them with the package's dropout: the output is softmax(QK^T/√d)·mask/(1-p) · V."""
+    attention = tb.MultiHeadAttention(32, 4, dropout=0.1).train()
+    x = torch.randn(3, 6, 32)
+    mask = tb.causal_mask(6)
+    torch.manual_seed(11)
+    out, _ = attention(x, x, x, mask)
+    q, k, v = (attention.split_heads(p(x)) for p in (attention.q_proj, attention.k_proj, attention.v_proj))
+    weights = torch.softmax((q @ k.mT / 8**0.5).masked_fill(~mask, float("-inf")), dim=-1)
+    torch.manual_seed(11)
+    weights = weights.mul(dropout_kernel.keep_mask(weights.shape, 0.1, dropout_kernel.draw_seed())) / 0.9
+    expected = attention.out_proj(attention.merge_heads(weights @ v))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    with kernels.pytorch_kernels():  # PyTorch's fused kernel and its own dropout
+        torch.manual_seed(11)
+        assert not torch.allclose(attention(x, x, x, mask)[0], out)
