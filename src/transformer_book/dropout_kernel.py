@@ -71,12 +71,17 @@ def apply(x: Tensor, p: float, seed: int) -> Tensor:
     scale = 1.0 / (1.0 - p)
     x = x.contiguous()
     if _load() is None:
-        return x.mul(keep_mask(x.shape, p, seed)).mul_(scale)
+        return _apply_with_operators(x, p, seed)
     y = torch.empty_like(x)
     _library.dropout_apply(
         x.data_ptr(), y.data_ptr(), x.numel(), seed % 2**64, round(p * 65536) - 32768, scale, torch.get_num_threads()
     )
     return y
+
+
+def _apply_with_operators(x: Tensor, p: float, seed: int) -> Tensor:
+    """:func:`apply` with PyTorch's operators: the fallback, and the C kernel's reference."""
+    return x.mul(keep_mask(x.shape, p, seed)).mul_(1.0 / (1.0 - p))
 
 
 def _signed(value: int) -> int:
@@ -111,4 +116,4 @@ def _computes_correctly() -> bool:
     ends in a partial word, with a seed whose top bit is set."""
     x = torch.randn(1, 4099, generator=torch.Generator().manual_seed(0))
     seed = 2**64 - 12345
-    return torch.equal(apply(x, 0.3, seed), x.mul(keep_mask(x.shape, 0.3, seed)).mul_(1 / 0.7))
+    return torch.equal(apply(x, 0.3, seed), _apply_with_operators(x, 0.3, seed))

@@ -8,8 +8,8 @@ measure both). ``few_rows.c`` is the product written for this case: the weight p
 into panels of eight outputs, read once front to back, each output summed in a fixed order.
 
 The C file is compiled on first use for the CPU it runs on (see ``_native``: ``$CC``,
-``$TRANSFORMER_BOOK_CACHE``). Where there is no
-compiler, compiling fails, the result computes wrongly, or ``TRANSFORMER_BOOK_FEW_ROWS=0``,
+``$TRANSFORMER_BOOK_CACHE``). Where there is no compiler, compiling fails, the result
+computes wrongly, or ``TRANSFORMER_BOOK_FEW_ROWS=0``,
 :func:`available` is False and :class:`~transformer_book.kernels.PackedWeight` keeps these
 products with oneDNN: the same numbers to float rounding, more slowly.
 """

@@ -88,7 +88,7 @@ def noam_optimizer(
     parameters = list(model.parameters())
     # PyTorch's fused Adam updates all parameters in one kernel: on a CPU, where the default
     # is a loop of small ops per parameter, a base model's update takes about 40% of the time.
-    fused = all(p.device.type in ("cpu", "cuda") for p in parameters) or None
+    fused = True if all(p.device.type in ("cpu", "cuda") for p in parameters) else None  # None: the default
     optimizer = torch.optim.Adam(parameters, lr=1.0, betas=(0.9, 0.98), eps=eps, fused=fused)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: noam_rate(step + 1, d_model, warmup, factor, total_steps)
