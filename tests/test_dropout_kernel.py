@@ -59,22 +59,71 @@ def test_backward_recomputes_the_forwards_mask() -> None:
     assert torch.equal(x.grad, grad.mul(keep).mul_(1 / 0.8))
 
 
+@pytest.mark.parametrize("shape", [(3,), (5, 7), (8, 64, 2048)])
+def test_relu_then_dropout_in_one_pass_is_the_two_steps(shape: tuple[int, ...]) -> None:
+    """The feed-forward network's ReLU and dropout in one pass: the same numbers as ReLU, then
+    dropout with the same seed; its gradient, read off the output, the same as the two steps'
+    (recomputed mask, then ReLU's backward); NaN goes through ReLU as in PyTorch's."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    x.view(-1)[0] = float("nan")
+    y = dropout_kernel.apply(x, 0.3, 2**64 - 5, relu=True)
+    torch.testing.assert_close(y, dropout_kernel.apply(x.relu(), 0.3, 2**64 - 5), rtol=0, atol=0, equal_nan=True)
+    assert torch.isnan(y.view(-1)[0])  # NaN times the mask's 0 or scale
+    grad = torch.randn(shape)
+    expected = torch.ops.aten.threshold_backward(dropout_kernel.apply(grad, 0.3, 2**64 - 5), y, 0.0)
+    fused = dropout_kernel.relu_backward(grad, y, 0.3)
+    assert torch.equal(fused.view(-1)[1:], expected.view(-1)[1:])  # at the NaN: 0 here, grad there
+
+
+def test_feed_forward_in_training_equals_relu_then_dropout_forward_and_backward() -> None:
+    """FeedForward fuses ReLU and dropout in training on a CPU: same output and gradients as the
+    two modules one after the other, with the same random draws; no fusion where a hook watches
+    the dropout module, in eval mode or on PyTorch's kernels."""
+    ffn = tb.FeedForward(16, 64, dropout=0.2).train()
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    torch.manual_seed(4)
+    fused = ffn(x)
+    fused.backward(torch.ones_like(fused))
+    grads = [t.grad.clone() for t in (x, *ffn.parameters())]
+    for t in (x, *ffn.parameters()):
+        t.grad = None
+    torch.manual_seed(4)
+    two_steps = ffn.linear2(ffn.dropout(ffn.linear1(x).relu()))
+    two_steps.backward(torch.ones_like(two_steps))
+    assert torch.equal(fused, two_steps)
+    assert all(torch.equal(a, t.grad) for a, t in zip(grads, (x, *ffn.parameters()), strict=True))
+    seen = []
+    hook = ffn.dropout.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].min()))
+    try:
+        torch.manual_seed(4)
+        assert torch.equal(ffn(x), fused) and seen and seen[0] >= 0  # the hook saw ReLU's output
+    finally:
+        hook.remove()
+    assert torch.equal(ffn.eval()(x), ffn.linear2(ffn.linear1(x).relu()))
+
+
 def test_bad_input_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="x must be float32 on the CPU, got torch.float64"):
         dropout_kernel.apply(torch.zeros(3, dtype=torch.float64), 0.1, 0)
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\), got 1.0"):
         dropout_kernel.apply(torch.zeros(3), 1.0, 0)
+    with pytest.raises(ValueError, match=r"grad and y must have the same shape, got grad \(2, 3\) and y \(3, 2\)"):
+        dropout_kernel.relu_backward(torch.zeros(2, 3), torch.zeros(3, 2), 0.1)
 
 
 def test_without_the_kernel_the_results_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.randn(4, 1001)
     compiled = dropout_kernel.apply(x, 0.3, 99)
+    compiled_relu = dropout_kernel.apply(x, 0.3, 99, relu=True)
+    compiled_grad = dropout_kernel.relu_backward(x, compiled_relu, 0.3)
     monkeypatch.setattr(dropout_kernel, "_library", None)
     monkeypatch.setattr(dropout_kernel, "_unavailable", None)
     monkeypatch.setenv("TRANSFORMER_BOOK_DROPOUT_KERNEL", "0")
     assert not dropout_kernel.available()
     assert dropout_kernel.unavailable_reason() == "switched off by TRANSFORMER_BOOK_DROPOUT_KERNEL=0"
     assert torch.equal(dropout_kernel.apply(x, 0.3, 99), compiled)
+    assert torch.equal(dropout_kernel.apply(x, 0.3, 99, relu=True), compiled_relu)
+    assert torch.equal(dropout_kernel.relu_backward(x, compiled_relu, 0.3), compiled_grad)
     monkeypatch.setattr(dropout_kernel, "_unavailable", None)
     monkeypatch.delenv("TRANSFORMER_BOOK_DROPOUT_KERNEL")
     monkeypatch.setenv("CC", "no-such-compiler")

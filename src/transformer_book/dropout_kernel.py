@@ -5,7 +5,9 @@ Mersenne Twister: one stream, one thread), makes a mask, multiplies, and keeps t
 backward. Here each element's 16 random bits are SplitMix64's hash of one seed (drawn from
 PyTorch's seeded generator) and the element's position, so ``dropout_kernel.c`` computes
 mask and product together, on every thread, vectorised, and backward recomputes the mask from
-the seed instead of storing it. An element is kept when its 16 bits reach ``p`` rounded to a
+the seed instead of storing it. The feed-forward network's ReLU joins the same pass
+(``relu=True``), and its gradient is read off the output, positive exactly where an element
+passed both (:func:`relu_backward`). An element is kept when its 16 bits reach ``p`` rounded to a
 multiple of 1/65536 (0.1 becomes 0.100006), and the kept values are scaled by
 ``1 / (1 - p)``, as ``nn.Dropout`` does.
 
@@ -24,6 +26,7 @@ import torch
 from torch import Tensor
 
 from . import _native
+from ._checks import shape_of
 
 SOURCE = Path(__file__).with_name("dropout_kernel.c")
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # as in the C file
@@ -61,27 +64,53 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int) -> Tenso
     return lanes >= round(p * 65536) - 32768
 
 
-def apply(x: Tensor, p: float, seed: int) -> Tensor:
-    """``x (...)`` → ``x * keep_mask(x.shape, p, seed) / (1 - p)``, same shape, contiguous.
+def apply(x: Tensor, p: float, seed: int, relu: bool = False) -> Tensor:
+    """``x (...)`` → ``x * keep_mask(x.shape, p, seed) / (1 - p)``, same shape, contiguous;
+    with ``relu``, ``x.relu()`` in place of ``x`` (ReLU, then dropout, in one pass).
     ``x`` is float32 on the CPU; ``0 <= p < 1``."""
-    if x.dtype != torch.float32 or not x.is_cpu:
-        raise ValueError(f"x must be float32 on the CPU, got {x.dtype} on {x.device}")
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"p must be in [0, 1), got {p!r}")
-    scale = 1.0 / (1.0 - p)
+    _check(x, "x", p)
     x = x.contiguous()
     if _load() is None:
-        return _apply_with_operators(x, p, seed)
+        return _apply_with_operators(x, p, seed, relu)
     y = torch.empty_like(x)
-    _library.dropout_apply(
-        x.data_ptr(), y.data_ptr(), x.numel(), seed % 2**64, round(p * 65536) - 32768, scale, torch.get_num_threads()
-    )
+    lowest, scale = round(p * 65536) - 32768, 1.0 / (1.0 - p)
+    threads = torch.get_num_threads()
+    _library.dropout_apply(x.data_ptr(), y.data_ptr(), x.numel(), seed % 2**64, lowest, scale, relu, threads)
     return y
 
 
-def _apply_with_operators(x: Tensor, p: float, seed: int) -> Tensor:
+def relu_backward(grad: Tensor, y: Tensor, p: float) -> Tensor:
+    """The gradient of ``apply(x, p, seed, relu=True)`` from its output ``y`` and the output's
+    gradient ``grad`` (both ``(...)``, the same shape): ``grad / (1 - p)`` where ``y > 0`` (the
+    input was positive and the element kept), else 0. No seed: ``y`` says where."""
+    _check(grad, "grad", p)
+    _check(y, "y", p)
+    if grad.shape != y.shape:
+        raise ValueError(f"grad and y must have the same shape, got grad {shape_of(grad)} and y {shape_of(y)}")
+    grad, y = grad.contiguous(), y.contiguous()
+    if _load() is None:
+        return _relu_backward_with_operators(grad, y, p)
+    grad_x = torch.empty_like(grad)
+    threads = torch.get_num_threads()
+    _library.relu_dropout_backward(grad.data_ptr(), y.data_ptr(), grad_x.data_ptr(), y.numel(), 1 / (1 - p), threads)
+    return grad_x
+
+
+def _check(x: Tensor, name: str, p: float) -> None:
+    if x.dtype != torch.float32 or not x.is_cpu:
+        raise ValueError(f"{name} must be float32 on the CPU, got {x.dtype} on {x.device}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p must be in [0, 1), got {p!r}")
+
+
+def _apply_with_operators(x: Tensor, p: float, seed: int, relu: bool = False) -> Tensor:
     """:func:`apply` with PyTorch's operators: the fallback, and the C kernel's reference."""
-    return x.mul(keep_mask(x.shape, p, seed)).mul_(1.0 / (1.0 - p))
+    return (x.relu() if relu else x).mul(keep_mask(x.shape, p, seed)).mul_(1.0 / (1.0 - p))
+
+
+def _relu_backward_with_operators(grad: Tensor, y: Tensor, p: float) -> Tensor:
+    """:func:`relu_backward` with PyTorch's operators."""
+    return torch.where(y > 0, grad * (1.0 / (1.0 - p)), 0.0)
 
 
 def _signed(value: int) -> int:
@@ -103,8 +132,10 @@ def _load() -> ctypes.CDLL | None:
     if library is None:
         return None
     library.dropout_apply.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long, ctypes.c_uint64, ctypes.c_int32]
-    library.dropout_apply.argtypes += [ctypes.c_float, ctypes.c_int]
+    library.dropout_apply.argtypes += [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     library.dropout_apply.restype = None
+    library.relu_dropout_backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_float, ctypes.c_int]
+    library.relu_dropout_backward.restype = None
     _library = library
     if not _computes_correctly():
         _library, _unavailable = None, f"{SOURCE.name} compiled here computes wrong masks"
@@ -112,8 +143,14 @@ def _load() -> ctypes.CDLL | None:
 
 
 def _computes_correctly() -> bool:
-    """The C kernel's output against PyTorch's operators on the same bits, for a length that
-    ends in a partial word, with a seed whose top bit is set."""
+    """The C kernel's outputs against PyTorch's operators on the same bits, for a length that
+    ends in a partial word, with a seed whose top bit is set: dropout, ReLU then dropout, and
+    the latter's gradient."""
     x = torch.randn(1, 4099, generator=torch.Generator().manual_seed(0))
     seed = 2**64 - 12345
-    return torch.equal(apply(x, 0.3, seed), _apply_with_operators(x, 0.3, seed))
+    y = apply(x, 0.3, seed, relu=True)
+    return (
+        torch.equal(apply(x, 0.3, seed), _apply_with_operators(x, 0.3, seed))
+        and torch.equal(y, _apply_with_operators(x, 0.3, seed, relu=True))
+        and torch.equal(relu_backward(x, y, 0.3), _relu_backward_with_operators(x, y, 0.3))
+    )

@@ -366,6 +366,42 @@ class _SeededDropout(torch.autograd.Function):
         return dropout_kernel.apply(grad, ctx.p, ctx.seed), None, None
 
 
+class _SeededReLUDropout(torch.autograd.Function):
+    """ReLU then dropout in one pass; backward reads where both let an element through off the
+    output (positive there, zero elsewhere), which the next product keeps anyway."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float, seed: int) -> Tensor:
+        y = dropout_kernel.apply(x, p, seed, relu=True)
+        ctx.p = p
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (y,) = ctx.saved_tensors
+        return dropout_kernel.relu_backward(grad, y, ctx.p), None, None
+
+
+def relu_dropout(x: Tensor, dropout_layer: nn.Dropout) -> Tensor:
+    """``dropout_layer(x.relu())``: on float32 CPU tensors in training, when ``dropout_layer`` is
+    this module's :class:`Dropout` (not in place, no hooks), one pass with the very mask and
+    numbers of the two steps, and one pass back instead of two."""
+    fused = (
+        type(dropout_layer) is Dropout
+        and dropout_layer.training
+        and 0.0 < dropout_layer.p < 1.0
+        and not dropout_layer.inplace
+        and not (dropout_layer._forward_hooks or dropout_layer._forward_pre_hooks)
+        and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
+        and applies_to(x)
+    )
+    if not fused:
+        return dropout_layer(x.relu())
+    return _SeededReLUDropout.apply(x, dropout_layer.p, dropout_kernel.draw_seed())
+
+
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """``F.dropout(x, p, training)``, with :mod:`~transformer_book.dropout_kernel`'s masks on
     float32 CPU tensors: each element zeroed with probability ``p`` (to 1/65536), the rest
