@@ -19,7 +19,10 @@ file instead of typing them:
 - a small model's decoding step: greedy decoding with the size rule (``PACKED_MIN_MACS``)
   against every product packed, in µs per new token (the encoder's share included);
 - dropout masks: ``F.dropout`` against the package's ``Dropout`` on a feed-forward
-  layer's hidden activations in training.
+  layer's hidden activations in training;
+- the feed-forward layer's ReLU and dropout, forward and backward: ReLU and then the
+  package's ``Dropout`` (two passes each way) against one pass each way
+  (``kernels.relu_dropout``), which is what the fusion alone saves.
 
     python benchmarks/bench_kernels.py               # base sizes, vocabulary 1,000
     python benchmarks/bench_kernels.py --repeats 3   # quicker (prints only)
@@ -130,6 +133,19 @@ def run(vocab: int, repeats: int) -> list[dict]:
     times = interleaved_medians({"F.dropout": lambda: F.dropout(hidden, 0.1), "Dropout": lambda: ours(hidden)},
                                 CPU, repeats)  # fmt: skip
     rows.append(row("dropout, training (8 × 64 × 2048)", "F.dropout", "Dropout", times))
+
+    pre = torch.randn(8, 64, 2048, requires_grad=True)  # linear1's output: ReLU, dropout, and back
+    grad = torch.randn(8, 64, 2048)
+
+    def two_steps() -> object:  # the package's Dropout after ReLU: the row measures the fusion alone
+        return torch.autograd.grad(ours(pre.relu()), pre, grad)
+
+    def fused() -> object:
+        return torch.autograd.grad(tb.kernels.relu_dropout(pre, ours), pre, grad)
+
+    times = interleaved_medians({"ReLU, then Dropout": two_steps, "relu_dropout": fused}, CPU, repeats)
+    rows.append(row("ReLU and dropout, forward + backward (8 × 64 × 2048)", "ReLU, then Dropout", "relu_dropout",
+                    times))  # fmt: skip
     return rows
 
 
