@@ -1,11 +1,11 @@
 """The package's CPU kernels against PyTorch's own, claim by claim (appendix C's kernel table).
 
 ``transformer_book.kernels`` sends float32 products on a CPU to oneDNN instead of MKL,
-sends the few-row products of decoding to its own kernel (``transformer_book.few_rows``),
-keeps products under ``PACKED_MIN_MACS`` multiply-adds with MKL, and computes dropout in
-one pass (``transformer_book.dropout_kernel``). Each row below times one of those choices against PyTorch's default, the
-two taking turns, so that appendix C can state the figures from this script's results
-file instead of typing them:
+sends the few-row products and the attention of decoding to kernels of its own
+(``transformer_book.few_rows``), keeps products under ``PACKED_MIN_MACS`` multiply-adds
+with MKL, and computes dropout in one pass (``transformer_book.dropout_kernel``). Each row
+below times one of those choices against PyTorch's default, the two taking turns, so that
+appendix C can state the figures from this script's results file instead of typing them:
 
 - training products: the base model's matrix products on 8 × 64 rows, MKL (``F.linear``)
   against oneDNN with the weight as it is (as the forward of a training step runs them);
@@ -13,6 +13,9 @@ file instead of typing them:
   the few-row kernel; beside them, oneDNN with packed weights (the package's kernel for
   them before the few-row one) and reading every weight once with nothing else
   (``weight.sum()``), the least time a product that must read its weight can take;
+- decoding attention: a step's attentions of one new position (every layer's, over 64 cached
+  positions and over 32 source positions), PyTorch's fused kernel against
+  ``few_rows.attention``;
 - how many rows are few: the few-row kernel against packed oneDNN on the same weights, from
   1 to 32 rows (``few_rows.MAX_ROWS`` is where it stops winning);
 - one call: the cost of a product too small to measure anything but the call, 8 × 64 × 64;
@@ -108,6 +111,27 @@ def run(vocab: int, repeats: int) -> list[dict]:
                     onednn_us=times["packed oneDNN"] * 1e6 / len(weights), pytorch_gb_per_s=gb_per_s["MKL"],
                     package_gb_per_s=gb_per_s["few-row kernel"], onednn_gb_per_s=gb_per_s["packed oneDNN"],
                     read_once_gb_per_s=gb_per_s["read once"]))  # fmt: skip
+
+    # A step's attention at base sizes: in each layer the new position against 64 cached positions
+    # (self-attention) and 32 source positions (cross), each with keys and values of its own.
+    config = base.config
+
+    def heads(length: int) -> torch.Tensor:  # (batch 8, heads, length, d_head)
+        return torch.randn(8, config.num_heads, length, config.d_head)
+
+    keys_values = [(heads(n), heads(n)) for _ in range(config.num_layers) for n in (64, 32)]
+    query = heads(1)
+
+    def step_attention(attend: Callable[..., torch.Tensor]) -> Callable[[], object]:
+        return torch.inference_mode()(lambda: [attend(query, k, v) for k, v in keys_values])
+
+    def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # heads merged, as the kernel's
+        return F.scaled_dot_product_attention(q, k, v).reshape(q.shape[0], 1, -1)
+
+    times = interleaved_medians({"fused SDPA": step_attention(fused),
+                                 "few-row attention": step_attention(tb.few_rows.attention)}, CPU, repeats)  # fmt: skip
+    rows.append(row("decoding step's attention (64 cached, 32 source, base sizes)", "fused SDPA", "few-row attention",
+                    times))  # fmt: skip
 
     tiny = [(torch.randn(64, 64), torch.randn(64))] * 200
     times = interleaved_medians({"MKL": products(tiny, 8, "mkl"), "oneDNN": products(tiny, 8, "onednn")}, CPU, repeats)

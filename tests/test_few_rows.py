@@ -1,5 +1,6 @@
 """The few-row matrix product of a decoding step (transformer_book.few_rows): F.linear's
-numbers to float rounding, each row independent of the rows beside it, and a fallback."""
+numbers to float rounding, each row independent of the rows beside it, and a fallback; and the
+step's attention of one query: PyTorch's fused kernel's numbers to float rounding."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import transformer_book as tb
 from transformer_book import _native, few_rows, kernels
 from transformer_book.kernels import Linear, PackedWeight
 
@@ -136,3 +138,70 @@ def test_a_bias_that_does_not_fit_never_reaches_the_kernel() -> None:
     weight, bias = torch.randn(512, 256), torch.randn(5)
     with torch.inference_mode(), pytest.raises(RuntimeError):
         PackedWeight().linear(torch.randn(8, 256), weight, bias)
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 17, 130])
+@pytest.mark.parametrize("d_head", [64, 12])  # 12: features past the last full vector
+def test_one_query_attention_is_pytorchs_fused_kernels(length: int, d_head: int) -> None:
+    """A decoding step's attention: PyTorch's fused result, heads merged, from keys and values read
+    where they lie (views into a larger buffer, as the KV cache's), with a padding mask, a row
+    with nothing to attend to (zeros, as PyTorch's kernel gives), and broadcast masks."""
+    generator = torch.Generator().manual_seed(length)
+    batch, heads = 5, 3
+    buffer = torch.randn(2, batch, heads, length + 7, d_head, generator=generator)
+    k, v = buffer[0, :, :, :length], buffer[1, :, :, :length]  # strided, as the cache's views
+    q = torch.randn(batch, 1, 3 * heads * d_head, generator=generator)[..., : heads * d_head]
+    q = q.view(batch, heads, 1, d_head)  # a slice of a packed q/k/v projection
+    mask = torch.rand(batch, 1, 1, length, generator=generator) > 0.3
+    mask[1] = False  # nothing to attend to
+    mask[2, ..., 0] = True
+    for m in (None, mask, mask[:1], torch.ones(1, length, dtype=torch.bool)):
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m).nan_to_num(0.0)
+        got = few_rows.attention(q, k, v, m)
+        torch.testing.assert_close(got, expected.transpose(1, 2).reshape(batch, 1, -1), rtol=1e-5, atol=1e-6)
+    assert torch.equal(few_rows.attention(q, k, v, mask)[1], torch.zeros(1, heads * d_head))
+
+
+def test_one_query_attention_does_not_depend_on_the_batch_or_the_threads() -> None:
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 4, n, 64, generator=generator) for n in (1, 40, 40))
+    together = few_rows.attention(q, k, v)
+    assert torch.equal(together[2:3], few_rows.attention(q[2:3], k[2:3], v[2:3]))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(few_rows.attention(q, k, v), together)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_query_attention_names_bad_arguments() -> None:
+    q, k = torch.randn(2, 3, 1, 8), torch.randn(2, 3, 5, 8)
+    with pytest.raises(
+        ValueError, match=r"q must be \(batch, heads, 1, d_head\) .* got q \(2, 3, 1, 8\), k \(2, 2, 5, 8\)"
+    ):
+        few_rows.attention(q, k[:, :2], k)
+    with pytest.raises(ValueError, match=r"q must be \(batch, heads, 1, d_head\) .* got q \(2, 3, 2, 8\)"):
+        few_rows.attention(torch.randn(2, 3, 2, 8), k, k)
+    with pytest.raises(ValueError, match=r"k must be float32 on the CPU with contiguous features, got torch.float64"):
+        few_rows.attention(q, k.double(), k)
+    with pytest.raises(ValueError, match=r"mask with shape \(2, 1, 1, 4\) does not broadcast to \(2, 3, 1, 5\)"):
+        few_rows.attention(q, k, k, torch.ones(2, 1, 1, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask must be a boolean tensor"):
+        few_rows.attention(q, k, k, torch.ones(2, 1, 1, 5))
+
+
+def test_a_decoding_step_attends_with_the_kernel_and_the_modules_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a cache and one new position, MultiHeadAttention (the module path) and the step plan
+    both use the kernel; without it, PyTorch's fused kernel; the tokens are the same."""
+    tb.seed_everything(1)
+    model = tb.make_model(tb.ModelConfig.small(20, num_layers=2)).eval()
+    src = torch.randint(3, 20, (4, 9))
+    calls = []
+    original = few_rows.attention
+    monkeypatch.setattr(few_rows, "attention", lambda *args: calls.append(1) or original(*args))
+    with_kernel = tb.greedy_decode(model, src, 12, 1, None)
+    assert len(calls) == 11 * 2 * 2  # every step, both layers, self- and cross-attention
+    monkeypatch.setattr(few_rows, "available", lambda: False)
+    assert torch.equal(tb.greedy_decode(model, src, 12, 1, None), with_kernel)
+    assert len(calls) == 44

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+LIBRARIES = ("-lm",)  # after the source, so that linkers that drop unused libraries keep it
 
 
 def load(source: Path, switch: str) -> tuple[ctypes.CDLL | None, str | None]:
@@ -40,7 +41,8 @@ def compiled(source: Path) -> Path:
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler {compiler!r} on PATH")
     text = source.read_bytes()
-    key = hashlib.sha256(text + repr((compiler, FLAGS, platform.machine(), _cpu())).encode()).hexdigest()[:16]
+    key = hashlib.sha256(text + repr((compiler, FLAGS, LIBRARIES, platform.machine(), _cpu())).encode()).hexdigest()
+    key = key[:16]
     cache = Path(os.environ.get("TRANSFORMER_BOOK_CACHE") or Path.home() / ".cache" / "transformer_book")
     target = cache / f"{source.stem}-{key}.so"
     if target.exists():
@@ -52,7 +54,8 @@ def compiled(source: Path) -> Path:
         target = cache / target.name
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
         built = Path(scratch) / target.name
-        subprocess.run([compiler, *FLAGS, str(source), "-o", str(built)], check=True, capture_output=True, timeout=120)
+        command = [compiler, *FLAGS, str(source), *LIBRARIES, "-o", str(built)]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
         os.replace(built, target)
     return target
 

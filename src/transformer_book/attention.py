@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import kernels
+from . import few_rows, kernels
 from ._checks import check_features, check_mask, check_positive, check_probability, require_tensor, shape_of
 from .kernels import Linear, PackedWeight, linear, weight_stamp
 
@@ -73,6 +73,20 @@ def _attention(
             weights = weights.masked_fill(~attends, 0.0)
     weights = kernels.dropout(weights, dropout_p)
     return weights @ value, weights
+
+
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Attention of a decoding step's one new position, heads merged: ``q (B, heads, 1, d_head)``,
+    ``k``, ``v (B, heads, len, d_head)``, ``mask`` broadcastable to ``(B, heads, 1, len)`` or
+    ``None`` → ``(B, 1, heads * d_head)``, PyTorch's fused kernel's result to float rounding.
+
+    On an eager float32 CPU tensor without autograd it runs :func:`few_rows.attention
+    <transformer_book.few_rows.attention>` (appendix C), which reads the cache where it lies and
+    writes the heads side by side; elsewhere PyTorch's fused kernel.
+    """
+    if not torch.is_grad_enabled() and kernels.applies_to(q, k, v) and few_rows.available():
+        return few_rows.attention(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(q.shape[0], 1, -1)
 
 
 class KVCache:
@@ -274,13 +288,12 @@ class MultiHeadAttention(nn.Module):
             heads, weights = _attention(q, k, v, mask, dropout_p)
             if self.record_weights:
                 self.last_weights = weights.detach()
-            if not need_weights:
-                weights = None
-        else:
-            # PyTorch's fused kernel: the same result without materialising the weights.
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            weights = None
-        return self.out_proj(self.merge_heads(heads)), weights
+            return self.out_proj(self.merge_heads(heads)), weights if need_weights else None
+        if cache is not None and q_len == 1 and dropout_p == 0.0:  # a decoding step (chapter 9)
+            return self.out_proj(one_query_attention(q, k, v, mask)), None
+        # PyTorch's fused kernel: the same result without materialising the weights.
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return self.out_proj(self.merge_heads(heads)), None
 
 
 _recording = 0  # record_attention() blocks open now

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_features, check_positive
-from .attention import KVCache, MultiHeadAttention
+from .attention import KVCache, MultiHeadAttention, one_query_attention
 from .kernels import Dropout, frozen_block
 from .layers import FeedForward, final_norm, sublayer_connection
 
@@ -111,8 +111,8 @@ class DecoderLayer(nn.Module):
         def split(t: Tensor) -> Tensor:  # split_heads for one position: (batch, 1, d) → (batch, heads, 1, d_head)
             return t.view(batch, heads, 1, d_head)
 
-        def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:  # then merge_heads
-            return F.scaled_dot_product_attention(split(q), k, v, attn_mask=mask).reshape(batch, 1, -1)
+        def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:  # heads merged
+            return one_query_attention(split(q), k, v, mask)
 
         def self_attention(h: Tensor) -> Tensor:
             q, k, v = plan.self_qkv(h).chunk(3, dim=-1)

@@ -68,3 +68,84 @@ void few_rows_linear(const float *x, const float *panels, const float *bias, flo
 }
 
 int few_rows_lanes(void) { return LANES; }
+
+/* Attention for one query per (sequence, head): a decoding step's new position against the keys
+   and values of every position so far (the KV cache), or of the source (cross-attention). Like
+   the products, it reads a lot (every key and value) to compute little.
+
+   For sequence b and head h: s[j] = scale * (q . k[j]) for the keys j < len with mask[j] != 0,
+   then out = sum_j softmax(s)[j] * v[j]; a query that may attend to no key gets zeros (as
+   PyTorch's fused kernel gives). q, k and v are read through strides (in floats) for the
+   sequence, the head and (k, v) the position, the features being contiguous; the mask, when
+   given, through strides in bytes for the sequence, the head and the position (0 where it
+   broadcasts). The output is the heads side by side, out[b][h * dim + d]: merged already.
+   Each (sequence, head) is computed by one thread in a fixed order, so its result does not
+   depend on the rows beside it or on the number of threads. */
+
+#define KEYS 4 /* keys whose dot products are summed side by side */
+
+static inline float lane_sum(vec a) { /* a fixed tree: the same order every time */
+    float l[LANES];
+    memcpy(l, &a, sizeof l);
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+/* s[j + i] = q . k[j + i] for i < n. Always inlined with a constant n: the sums stay in registers. */
+static inline __attribute__((always_inline)) void dots(int n, const float *restrict q, const float *restrict k,
+                                                       long k_j, long j, long dim, float *restrict s) {
+    long chunks = dim / LANES;
+    vec acc[KEYS] = {0};
+    for (long c = 0; c < chunks; c++) {
+        vec a;
+        memcpy(&a, q + c * LANES, sizeof a);
+        for (int i = 0; i < n; i++) {
+            vec w;
+            memcpy(&w, k + (j + i) * k_j + c * LANES, sizeof w);
+            acc[i] += a * w;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        float dot = lane_sum(acc[i]);
+        for (long d = chunks * LANES; d < dim; d++) dot += q[d] * k[(j + i) * k_j + d];
+        s[j + i] = dot;
+    }
+}
+
+static void one_query(const float *restrict q, const float *restrict k, long k_j, const float *restrict v,
+                      long v_j, const unsigned char *restrict mask, long m_j, float *restrict out, long len,
+                      long dim, float scale, float *restrict s) {
+    long j = 0;
+    for (; j + KEYS <= len; j += KEYS) dots(KEYS, q, k, k_j, j, dim, s);
+    for (; j < len; j++) dots(1, q, k, k_j, j, dim, s);
+    float top = -__builtin_inff();
+    for (j = 0; j < len; j++) {
+        s[j] = mask && !mask[j * m_j] ? -__builtin_inff() : s[j] * scale;
+        top = s[j] > top ? s[j] : top;
+    }
+    for (long d = 0; d < dim; d++) out[d] = 0.0f;
+    if (top == -__builtin_inff()) return; /* no key to attend to */
+    float total = 0.0f;
+    for (j = 0; j < len; j++) {
+        s[j] = __builtin_expf(s[j] - top); /* exp(-inf) = 0: a masked key adds nothing */
+        total += s[j];
+    }
+    for (j = 0; j < len; j++) {
+        const float *vv = v + j * v_j;
+        float p = s[j] / total;
+        for (long d = 0; d < dim; d++) out[d] += p * vv[d];
+    }
+}
+
+void few_rows_attention(const float *q, long q_b, long q_h, const float *k, long k_b, long k_h, long k_j,
+                        const float *v, long v_b, long v_h, long v_j, const unsigned char *mask, long m_b,
+                        long m_h, long m_j, float *out, long batch, long heads, long len, long dim, float scale,
+                        int threads) {
+    /* Threads only when there is enough to share: starting them costs more than a small step. */
+#pragma omp parallel for schedule(static) num_threads(threads) if (batch * heads * len * dim >= (1L << 14))
+    for (long bh = 0; bh < batch * heads; bh++) {
+        long b = bh / heads, h = bh % heads;
+        float s[len > 0 ? len : 1];
+        one_query(q + b * q_b + h * q_h, k + b * k_b + h * k_h, k_j, v + b * v_b + h * v_h, v_j,
+                  mask ? mask + b * m_b + h * m_h : 0, m_j, out + (b * heads + h) * dim, len, dim, scale, s);
+    }
+}

@@ -1,4 +1,4 @@
-"""Appendix C: the matrix products of a decoding step, which have only a few rows.
+"""Appendix C: the matrix products of a decoding step, which have only a few rows, and its attention.
 
 A cached decoding step multiplies one new position per sequence (a few rows: the batch) by
 every weight matrix of the decoder. Each weight is then used a few times only, so the
@@ -7,16 +7,23 @@ them at well under that speed for so few rows (appendix C and ``benchmarks/bench
 measure both). ``few_rows.c`` is the product written for this case: the weight packed once
 into panels of eight outputs, read once front to back, each output summed in a fixed order.
 
+The step's attention is alike: one query per sequence and head against every cached key and
+value, read to be used once. PyTorch's fused kernel is written for blocks of many queries;
+:func:`attention` reads the cache where it lies, one (sequence, head) per thread, and writes
+the heads side by side, already merged.
+
 The C file is compiled on first use for the CPU it runs on (see ``_native``: ``$CC``,
 ``$TRANSFORMER_BOOK_CACHE``). Where there is no compiler, compiling fails, the result
 computes wrongly, or ``TRANSFORMER_BOOK_FEW_ROWS=0``,
-:func:`available` is False and :class:`~transformer_book.kernels.PackedWeight` keeps these
-products with oneDNN: the same numbers to float rounding, more slowly.
+:func:`available` is False, :class:`~transformer_book.kernels.PackedWeight` keeps these
+products with oneDNN and attention stays with PyTorch's fused kernel: the same numbers to
+float rounding, more slowly.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 from pathlib import Path
 
 import torch
@@ -24,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _native
-from ._checks import shape_of
+from ._checks import check_mask, shape_of
 
 #: In inference mode, a product of at most this many rows runs here (when :func:`available`).
 #: Measured with ``benchmarks/bench_kernels.py`` on an AMD EPYC, it was 1.3 to 2.5 times as fast as
@@ -107,6 +114,49 @@ def product(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -
     return y
 
 
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Scaled dot-product attention of one query per sequence and head, its heads merged:
+    ``q (batch, heads, 1, d_head)``, ``k`` and ``v (batch, heads, len, d_head)``, ``mask``
+    boolean (True = may attend) broadcastable to ``(batch, heads, 1, len)`` → ``(batch, 1,
+    heads * d_head)``, which is ``merge_heads(F.scaled_dot_product_attention(q, k, v,
+    attn_mask=mask))`` to float rounding (a query with no key to attend to gets zeros).
+
+    A decoding step's attention: the new position against the KV cache or the source. ``q``, ``k``
+    and ``v`` are float32 on the CPU, any strides with contiguous features (views into the
+    cache's buffers are read where they lie).
+    """
+    _require()
+    batch, heads, _, dim = q.shape if q.dim() == 4 else (0, 0, 0, 0)
+    if (
+        q.dim() != 4
+        or q.shape[2] != 1
+        or k.dim() != 4
+        or k.shape[:2] != (batch, heads)
+        or k.shape[3] != dim
+        or v.shape != k.shape
+    ):
+        raise ValueError(
+            "q must be (batch, heads, 1, d_head) and k, v (batch, heads, len, d_head), "
+            f"got q {shape_of(q)}, k {shape_of(k)}, v {shape_of(v)}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.float32 or not t.is_cpu or t.stride(-1) != 1:
+            raise ValueError(f"{name} must be float32 on the CPU with contiguous features, got {t.dtype} {shape_of(t)}")
+    length = k.shape[2]
+    if mask is not None:
+        check_mask(mask, "mask", (batch, heads, 1, length))
+        mask = mask.expand(batch, heads, 1, length)  # strides of 0 where it broadcasts
+    out = q.new_empty(batch, 1, heads * dim)
+    _library.few_rows_attention(
+        q.data_ptr(), q.stride(0), q.stride(1),
+        k.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
+        v.data_ptr(), v.stride(0), v.stride(1), v.stride(2),
+        *((None, 0, 0, 0) if mask is None else (mask.data_ptr(), mask.stride(0), mask.stride(1), mask.stride(3))),
+        out.data_ptr(), batch, heads, length, dim, 1.0 / math.sqrt(dim), torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
 def _require() -> None:
     if _load() is None:
         raise RuntimeError(f"the few-row kernel is unavailable here: {_unavailable}")
@@ -121,6 +171,13 @@ def _load() -> ctypes.CDLL | None:
         return None
     library.few_rows_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     library.few_rows_linear.restype = None
+    strides = [ctypes.c_long] * 3
+    library.few_rows_attention.argtypes = (
+        [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # q and its strides
+        + [ctypes.c_void_p, *strides, ctypes.c_void_p, *strides, ctypes.c_void_p, *strides]  # k, v, mask
+        + [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_int]  # out, sizes, scale, threads
+    )
+    library.few_rows_attention.restype = None
     _library, _lanes = library, library.few_rows_lanes()
     if not _computes_correctly():
         _library, _unavailable = None, f"{SOURCE.name} compiled here computes wrong products"
@@ -138,4 +195,11 @@ def _computes_correctly() -> bool:
         panels = pack(weight)
         y = linear(x, panels, bias, 13)
         alone = torch.cat([linear(row[None], panels, bias, 13) for row in x])
-        return torch.allclose(y, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5) and torch.equal(y, alone)
+        q, k, v = (torch.randn(3, 2, length, 9, generator=generator) for length in (1, 5, 5))
+        mask = torch.rand(3, 1, 1, 5, generator=generator) > 0.5
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).nan_to_num(0.0).transpose(1, 2)
+        return (
+            torch.allclose(y, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+            and torch.equal(y, alone)
+            and torch.allclose(attention(q, k, v, mask), expected.reshape(3, 1, 18), rtol=1e-5, atol=1e-6)
+        )
