@@ -32,7 +32,9 @@ appendix C shows its figures):
   1/65536 (0.1 becomes 0.100006); kept values are scaled by ``1 / (1 - p)``, as
   ``nn.Dropout`` does. Attention's weights in training take the same dropout: the model's
   attention computes them explicitly then (on a CPU PyTorch's fused kernel does so too when
-  it drops out).
+  it drops out). The feed-forward network's ReLU joins its dropout's pass
+  (:func:`relu_dropout`), whose backward reads where both let an element through off the
+  output: one pass each way instead of two, and neither ReLU's output nor a mask kept.
 """
 
 from __future__ import annotations
