@@ -129,9 +129,10 @@ static void one_query(const float *restrict q, const float *restrict k, long k_j
         s[j] = __builtin_expf(s[j] - top); /* exp(-inf) = 0: a masked key adds nothing */
         total += s[j];
     }
+    float inverse = 1.0f / total;
     for (j = 0; j < len; j++) {
         const float *vv = v + j * v_j;
-        float p = s[j] / total;
+        float p = s[j] * inverse;
         for (long d = 0; d < dim; d++) out[d] += p * vv[d];
     }
 }
