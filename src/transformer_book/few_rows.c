@@ -139,14 +139,14 @@ static void one_query(const float *restrict q, const float *restrict k, long k_j
 
 void few_rows_attention(const float *q, long q_b, long q_h, const float *k, long k_b, long k_h, long k_j,
                         const float *v, long v_b, long v_h, long v_j, const unsigned char *mask, long m_b,
-                        long m_h, long m_j, float *out, long batch, long heads, long len, long dim, float scale,
-                        int threads) {
-    /* Threads only when there is enough to share: starting them costs more than a small step. */
+                        long m_h, long m_j, float *out, float *scores, long batch, long heads, long len, long dim,
+                        float scale, int threads) {
+    /* scores: batch * heads * len floats of scratch, one row per (sequence, head). Threads only
+       when there is enough to share: starting them costs more than a small step. */
 #pragma omp parallel for schedule(static) num_threads(threads) if (batch * heads * len * dim >= (1L << 14))
     for (long bh = 0; bh < batch * heads; bh++) {
         long b = bh / heads, h = bh % heads;
-        float s[len > 0 ? len : 1];
         one_query(q + b * q_b + h * q_h, k + b * k_b + h * k_h, k_j, v + b * v_b + h * v_h, v_j,
-                  mask ? mask + b * m_b + h * m_h : 0, m_j, out + (b * heads + h) * dim, len, dim, scale, s);
+                  mask ? mask + b * m_b + h * m_h : 0, m_j, out + bh * dim, len, dim, scale, scores + bh * len);
     }
 }

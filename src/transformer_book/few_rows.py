@@ -146,13 +146,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Te
     if mask is not None:
         check_mask(mask, "mask", (batch, heads, 1, length))
         mask = mask.expand(batch, heads, 1, length)  # strides of 0 where it broadcasts
-    out = q.new_empty(batch, 1, heads * dim)
+    out, scores = q.new_empty(batch, 1, heads * dim), q.new_empty(batch * heads, length)
     _library.few_rows_attention(
         q.data_ptr(), q.stride(0), q.stride(1),
         k.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
         v.data_ptr(), v.stride(0), v.stride(1), v.stride(2),
         *((None, 0, 0, 0) if mask is None else (mask.data_ptr(), mask.stride(0), mask.stride(1), mask.stride(3))),
-        out.data_ptr(), batch, heads, length, dim, 1.0 / math.sqrt(dim), torch.get_num_threads(),
+        out.data_ptr(), scores.data_ptr(), batch, heads, length, dim, 1.0 / math.sqrt(dim), torch.get_num_threads(),
     )  # fmt: skip
     return out
 
@@ -175,7 +175,8 @@ def _load() -> ctypes.CDLL | None:
     library.few_rows_attention.argtypes = (
         [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # q and its strides
         + [ctypes.c_void_p, *strides, ctypes.c_void_p, *strides, ctypes.c_void_p, *strides]  # k, v, mask
-        + [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_int]  # out, sizes, scale, threads
+        + [ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4]  # out, scratch for the scores, sizes
+        + [ctypes.c_float, ctypes.c_int]  # scale, threads
     )
     library.few_rows_attention.restype = None
     _library, _lanes = library, library.few_rows_lanes()
