@@ -160,6 +160,9 @@ def test_one_query_attention_is_pytorchs_fused_kernels(length: int, d_head: int)
         got = few_rows.attention(q, k, v, m)
         torch.testing.assert_close(got, expected.transpose(1, 2).reshape(batch, 1, -1), rtol=1e-5, atol=1e-6)
     assert torch.equal(few_rows.attention(q, k, v, mask)[1], torch.zeros(1, heads * d_head))
+    q[0, 1, 0, 0] = float("nan")  # NaN goes through, as in the formula: never a silent number
+    expected = (torch.softmax(q @ k.mT / d_head**0.5, dim=-1) @ v).transpose(1, 2).reshape(batch, 1, -1)
+    assert expected.isnan().any() and torch.equal(few_rows.attention(q, k, v).isnan(), expected.isnan())
 
 
 def test_one_query_attention_does_not_depend_on_the_batch_or_the_threads() -> None:
