@@ -120,7 +120,7 @@ static void one_query(const float *restrict q, const float *restrict k, long k_j
     float top = -__builtin_inff();
     for (j = 0; j < len; j++) {
         s[j] = mask && !mask[j * m_j] ? -__builtin_inff() : s[j] * scale;
-        top = s[j] > top || s[j] != s[j] ? s[j] : top; /* a NaN score makes the output NaN, as PyTorch's */
+        top = s[j] > top || s[j] != s[j] ? s[j] : top; /* a NaN score makes the output NaN, as the formula does */
     }
     for (long d = 0; d < dim; d++) out[d] = 0.0f;
     if (top == -__builtin_inff()) return; /* no key to attend to */

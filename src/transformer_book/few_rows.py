@@ -119,7 +119,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Te
     ``q (batch, heads, 1, d_head)``, ``k`` and ``v (batch, heads, len, d_head)``, ``mask``
     boolean (True = may attend) broadcastable to ``(batch, heads, 1, len)`` → ``(batch, 1,
     heads * d_head)``, which is ``merge_heads(F.scaled_dot_product_attention(q, k, v,
-    attn_mask=mask))`` to float rounding (a query with no key to attend to gets zeros).
+    attn_mask=mask))`` to float rounding (a query with no key to attend to gets zeros). A NaN in
+    a query or key makes that output NaN, as the formula does (PyTorch's fused CPU kernel gives
+    zeros there).
 
     A decoding step's attention: the new position against the KV cache or the source. ``q``, ``k``
     and ``v`` are float32 on the CPU, any strides with contiguous features (views into the
