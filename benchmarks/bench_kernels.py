@@ -125,10 +125,10 @@ def run(vocab: int, repeats: int) -> list[dict]:
     def step_attention(attend: Callable[..., torch.Tensor]) -> Callable[[], object]:
         return torch.inference_mode()(lambda: [attend(query, k, v) for k, v in keys_values])
 
-    def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # heads merged, as the kernel's
+    def fused_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # heads merged, as the kernel's
         return F.scaled_dot_product_attention(q, k, v).reshape(q.shape[0], 1, -1)
 
-    times = interleaved_medians({"fused SDPA": step_attention(fused),
+    times = interleaved_medians({"fused SDPA": step_attention(fused_sdpa),
                                  "few-row attention": step_attention(tb.few_rows.attention)}, CPU, repeats)  # fmt: skip
     rows.append(row("decoding step's attention (64 cached, 32 source, base sizes)", "fused SDPA", "few-row attention",
                     times))  # fmt: skip
@@ -164,10 +164,10 @@ def run(vocab: int, repeats: int) -> list[dict]:
     def two_steps() -> object:  # the package's Dropout after ReLU: the row measures the fusion alone
         return torch.autograd.grad(ours(pre.relu()), pre, grad)
 
-    def fused() -> object:
+    def one_pass() -> object:
         return torch.autograd.grad(tb.kernels.relu_dropout(pre, ours), pre, grad)
 
-    times = interleaved_medians({"ReLU, then Dropout": two_steps, "relu_dropout": fused}, CPU, repeats)
+    times = interleaved_medians({"ReLU, then Dropout": two_steps, "relu_dropout": one_pass}, CPU, repeats)
     rows.append(row("ReLU and dropout, forward + backward (8 × 64 × 2048)", "ReLU, then Dropout", "relu_dropout",
                     times))  # fmt: skip
     return rows
