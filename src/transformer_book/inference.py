@@ -122,7 +122,7 @@ def beam_search(
     ys = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # at the start all beams are the same prefix: expand only one
-    lengths = torch.ones(batch, k, device=device)  # tokens after BOS, EOS included
+    lengths = torch.zeros(batch, k, device=device)  # |y|: tokens after BOS so far, EOS included
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
 
     for _step in range(max_len - 1):
