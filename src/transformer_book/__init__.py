@@ -12,12 +12,27 @@ Each module mirrors a chapter of The Executable Transformer:
 - ``inference``   — chapter 9, greedy decoding with a KV cache, beam search
 - ``export``      — chapter 10, the dates model as ONNX graphs for onnxruntime and the browser
 - ``runtime``     — device, seeding (``TRANSFORMER_BOOK_SEED``), versions
-- ``kernels``     — appendix C, the CPU kernels behind the model's ``Linear`` and ``Dropout``
-- ``few_rows``    — appendix C, the matrix product of a decoding step's few rows (C, compiled on first use)
-- ``dropout_kernel`` — appendix C, dropout in one pass, its mask a hash of seed and position (C, idem)
+- ``checks``      — the argument checks every public function starts with
+- ``exercises``   — ``check(name, fn)``: a reader's own version against the package's
+
+The model is plain PyTorch. The speed wing, ``transformer_book.fast`` (appendix C), is
+imported only on request: ``from transformer_book import fast; fast.accelerate(model)``.
 """
 
-from . import dropout_kernel, few_rows, kernels
+from .checks import (
+    check_attention,
+    check_decoding,
+    check_features,
+    check_heads_input,
+    check_mask,
+    check_positive,
+    check_probability,
+    check_sizes,
+    check_target,
+    check_tokens,
+    require_tensor,
+    shape_of,
+)
 from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
 from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
@@ -103,7 +118,16 @@ __all__ = [
     "sublayer_connection",
     "target_mask",
     "to_pytorch_mask",
-    "dropout_kernel",
-    "few_rows",
-    "kernels",
+    "check_attention",
+    "check_decoding",
+    "check_features",
+    "check_heads_input",
+    "check_mask",
+    "check_positive",
+    "check_probability",
+    "check_sizes",
+    "check_target",
+    "check_tokens",
+    "require_tensor",
+    "shape_of",
 ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._checks import check_positive, shape_of
+from .checks import check_positive, shape_of
 from .masking import padding_mask, target_mask
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"

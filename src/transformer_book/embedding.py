@@ -11,7 +11,7 @@ import math
 
 from torch import Tensor, nn
 
-from ._checks import check_positive, check_tokens
+from .checks import check_positive, check_tokens
 
 
 class TokenEmbedding(nn.Module):

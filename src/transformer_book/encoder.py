@@ -6,9 +6,8 @@ import copy
 
 from torch import Tensor, nn
 
-from ._checks import check_features, check_positive
+from .checks import check_features, check_positive
 from .attention import MultiHeadAttention
-from .kernels import Dropout
 from .layers import FeedForward, final_norm, sublayer_connection
 
 
@@ -28,8 +27,8 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(d_model, d_ff, dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         check_features(x, "x", self.d_model)

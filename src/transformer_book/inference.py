@@ -4,8 +4,7 @@ Decoding is a loop: feed the tokens chosen so far, read the distribution over
 the next one, choose, repeat until EOS. Greedy decoding takes the most likely
 token; beam search keeps the ``beam_size`` best prefixes. With a KV cache each
 step feeds only the newest token, and the keys and values of earlier positions
-are read back instead of recomputed. Both loops run in :func:`~transformer_book.kernels.frozen_weights`:
-the model's weights cannot change while they run, so its products skip re-checking them.
+are read back instead of recomputed.
 """
 
 from __future__ import annotations
@@ -13,32 +12,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_positive, check_tokens
-from .kernels import frozen_weights
+from .checks import check_decoding, check_positive
 from .masking import causal_mask, padding_mask
 from .model import Transformer
 
 
-def _check_decoding_args(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int | None) -> None:
-    check_tokens(src, "src", model.config.src_vocab_size, model.config.max_len)
-    check_positive(max_len, "max_len")
-    if max_len > model.config.max_len:
-        raise ValueError(f"max_len={max_len} exceeds the model's max_len={model.config.max_len}")
-    for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if token is not None and not 0 <= token < model.config.tgt_vocab_size:
-            raise ValueError(
-                f"{name}={token} is not an id of the target vocabulary (size {model.config.tgt_vocab_size})"
-            )
-
-
-def _mask_unless_all_true(mask: Tensor) -> Tensor | None:
-    """``None`` for a mask that hides nothing (a batch without padding): attention gives the
-    same numbers without it, and PyTorch's fused kernel runs faster without a mask."""
-    return None if bool(mask.all()) else mask
-
-
 @torch.inference_mode()
-@frozen_weights()  # the loop owns the model: its weights cannot change while it runs
 def greedy_decode(
     model: Transformer,
     src: Tensor,
@@ -48,36 +27,24 @@ def greedy_decode(
     src_mask: Tensor | None = None,
     use_cache: bool = True,
 ) -> Tensor:
-    """Decode a batch greedily: ``src (batch, src_len)`` → ids ``(batch, ≤ max_len)``.
-
-    Every row starts with ``bos_id``; a row that has produced ``eos_id`` is padded
-    with ``model.config.pad_id`` while the others go on; the loop stops when every
-    row has ended or ``max_len`` tokens (BOS included) exist; with ``eos_id=None``
-    (a task without an end token) every row runs to ``max_len``. ``use_cache=False``
-    recomputes the whole prefix at every step; both give the same tokens.
-    """
-    _check_decoding_args(model, src, max_len, bos_id, eos_id)
+    """``src (batch, src_len)`` → ids ``(batch, ≤ max_len)``, BOS first, ``pad_id`` after EOS.
+    ``use_cache=False`` feeds the whole prefix at every step: the same tokens, more slowly."""
+    check_decoding(model.config, src, max_len, bos_id, eos_id)
     if src_mask is None:
         src_mask = padding_mask(src, model.config.pad_id)
     memory = model.encode(src, src_mask)
-    memory_mask = _mask_unless_all_true(src_mask)
-    batch = src.shape[0]
-    ys = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    ys = torch.full((len(src), 1), bos_id, device=src.device)
+    done = torch.zeros(len(src), dtype=torch.bool, device=src.device)
     cache = model.decoder.new_cache() if use_cache else None
-
     for _ in range(max_len - 1):
-        if use_cache:
-            hidden = model.decode_step(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
-        else:
-            # Only the causal mask: a generated id that happens to equal pad_id must not be hidden.
-            hidden = model.decode(memory, ys, src_mask=memory_mask, tgt_mask=causal_mask(ys.shape[1], ys.device))
-        next_token = model.generator(hidden[:, -1]).argmax(dim=-1)
-        next_token = next_token.masked_fill(finished, model.config.pad_id)
-        ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
+        # With the cache, only the newest token; without, the whole prefix, causally masked.
+        new, mask = (ys[:, -1:], None) if use_cache else (ys, causal_mask(ys.shape[1], ys.device))
+        hidden = model.decode(memory, new, src_mask=src_mask, tgt_mask=mask, cache=cache)
+        token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(done, model.config.pad_id)
+        ys = torch.cat([ys, token[:, None]], dim=1)
         if eos_id is not None:
-            finished |= next_token == eos_id
-        if finished.all():
+            done |= token == eos_id
+        if done.all():
             break
     return ys
 
@@ -88,7 +55,6 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
 
 
 @torch.inference_mode()
-@frozen_weights()  # the loop owns the model: its weights cannot change while it runs
 def beam_search(
     model: Transformer,
     src: Tensor,
@@ -107,7 +73,7 @@ def beam_search(
     ``(batch, ≤ max_len)`` starting with ``bos_id``, padded with ``pad_id``.
     With ``beam_size=1`` this is greedy decoding.
     """
-    _check_decoding_args(model, src, max_len, bos_id, eos_id)
+    check_decoding(model.config, src, max_len, bos_id, eos_id)
     check_positive(beam_size, "beam_size")
     pad_id, vocab = model.config.pad_id, model.config.tgt_vocab_size
     batch, k = src.shape[0], beam_size
@@ -116,7 +82,7 @@ def beam_search(
         src_mask = padding_mask(src, pad_id)
     # Each source is repeated once per beam: rows b*k .. b*k + k-1 belong to source b.
     memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
-    memory_mask = _mask_unless_all_true(src_mask.repeat_interleave(k, dim=0))
+    memory_mask = src_mask.repeat_interleave(k, dim=0)
     cache = model.decoder.new_cache()
 
     ys = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
@@ -126,12 +92,12 @@ def beam_search(
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
 
     for _step in range(max_len - 1):
-        hidden = model.decode_step(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
+        hidden = model.decode(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
         log_probs = model.generator(hidden[:, -1]).log_softmax(dim=-1).view(batch, k, vocab)
         # A finished hypothesis may only be continued by padding, at no cost.
-        frozen = torch.full_like(log_probs[0, 0], float("-inf"))
-        frozen[pad_id] = 0.0
-        log_probs = torch.where(finished.unsqueeze(-1), frozen, log_probs)
+        pad_only = torch.full_like(log_probs[0, 0], float("-inf"))
+        pad_only[pad_id] = 0.0
+        log_probs = torch.where(finished.unsqueeze(-1), pad_only, log_probs)
 
         candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)
         candidate_lengths = (

@@ -11,8 +11,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from ._checks import check_positive, check_probability
-from .kernels import Dropout, Linear, relu_dropout
+from .checks import check_positive, check_probability
 
 
 class FeedForward(nn.Module):
@@ -27,13 +26,12 @@ class FeedForward(nn.Module):
         check_positive(d_model, "d_model")
         check_positive(d_ff, "d_ff")
         check_probability(dropout, "dropout")
-        self.linear1 = Linear(d_model, d_ff)
-        self.linear2 = Linear(d_ff, d_model)
-        self.dropout = Dropout(dropout)
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        # self.dropout(self.linear1(x).relu()), in one pass where it can (appendix C)
-        return self.linear2(relu_dropout(self.linear1(x), self.dropout))
+        return self.linear2(self.dropout(self.linear1(x).relu()))
 
 
 def sublayer_connection(

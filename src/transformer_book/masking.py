@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_positive, require_tensor, shape_of
+from .checks import check_positive, require_tensor, shape_of
 
 
 def padding_mask(tokens: Tensor, pad_id: int = 0) -> Tensor:

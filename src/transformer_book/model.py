@@ -6,14 +6,11 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
-from ._checks import check_mask, check_positive, check_probability, check_tokens, shape_of
-from .attention import recording_attention
+from .checks import check_mask, check_positive, check_probability, check_target, check_tokens
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
-from .kernels import Linear, frozen_block
 from .masking import padding_mask, target_mask
 from .positional import PositionalEncoding
 
@@ -99,7 +96,7 @@ class Transformer(nn.Module):
         self.positional = PositionalEncoding(c.d_model, c.max_len, c.dropout)
         self.encoder = Encoder(EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first), c.num_layers)
         self.decoder = Decoder(DecoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first), c.num_layers)
-        self.generator = Linear(c.d_model, c.tgt_vocab_size)
+        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
         if c.share_embeddings:
             # The paper ties three matrices: both embeddings and the pre-softmax projection.
             self.tgt_embed.lookup.weight = self.src_embed.lookup.weight
@@ -133,72 +130,14 @@ class Transformer(nn.Module):
         from the cache.
         """
         past = cache[0].self_attn.length if cache else 0
-        check_tokens(tgt, "tgt", self.config.tgt_vocab_size)
-        if past + tgt.shape[1] > self.config.max_len:
-            raise ValueError(
-                f"tgt reaches position {past + tgt.shape[1] - 1} (shape {shape_of(tgt)}, {past} cached), "
-                f"beyond max_len={self.config.max_len}"
-            )
-        if tgt.shape[0] != memory.shape[0]:
-            raise ValueError(f"tgt {shape_of(tgt)} and memory {shape_of(memory)} must have the same batch size")
-        batch, new, src_len = tgt.shape[0], tgt.shape[1], memory.shape[1]
-        if tgt_mask is None:
-            if cache is None:
-                tgt_mask = target_mask(tgt, self.config.pad_id)
-            elif new > 1:  # new positions see every cached one and, among themselves, only the past
-                tgt_mask = torch.ones(new, past + new, dtype=torch.bool, device=tgt.device).tril(past).unsqueeze(0)
-            # else one new position, which may see every cached one: no mask (the fused kernel is faster without)
-        check_mask(tgt_mask, "tgt_mask", (batch, new, past + new))
-        check_mask(src_mask, "src_mask", (batch, new, src_len))
+        check_target(tgt, memory, past, self.config.tgt_vocab_size, self.config.max_len)
+        new = tgt.shape[1]
+        if tgt_mask is None and cache is None:
+            tgt_mask = target_mask(tgt, self.config.pad_id)
+        elif tgt_mask is None and new > 1:  # every cached position, and the new ones' own past
+            tgt_mask = torch.ones(new, past + new, dtype=torch.bool, device=tgt.device).tril(past)[None]
         x = self.positional(self.tgt_embed(tgt), offset=past)
         return self.decoder(x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache)
-
-    def decode_step(
-        self, memory: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None, cache: list[LayerCache]
-    ) -> Tensor:
-        """``decode(memory, tgt, src_mask=src_mask, cache=cache)`` for the one new position
-        ``tgt (batch, 1)`` of a decoding loop: hidden states ``(batch, 1, d_model)``.
-
-        The first call (an empty cache) is :meth:`decode`, which checks the memory and the
-        mask and fills the caches; later calls read the memory's keys and values from them.
-        When nothing can change the weights or watch the decoder's modules (eval mode,
-        inference mode, inside :func:`~transformer_book.kernels.frozen_weights`, no
-        :func:`~transformer_book.attention.record_attention`, no dispatch mode, no forward
-        hook in the decoder), later calls run
-        :meth:`Decoder.step <transformer_book.decoder.Decoder.step>`: the same kernels on the
-        same numbers, with less Python around them (appendix C); otherwise they are
-        :meth:`decode`. Hooks are looked for once per ``frozen_weights`` block: one
-        registered inside a block counts from the next.
-        """
-        past = cache[0].self_attn.length if cache else 0
-        fast = (
-            past > 0
-            and frozen_block()
-            and not self.training
-            and torch.is_inference_mode_enabled()
-            and not recording_attention()
-            and not torch._C._len_torch_dispatch_stack()
-            and not self._decoder_hooked()
-            and tgt.dim() == 2
-            and tgt.shape[1] == 1
-            and len(cache) == len(self.decoder.layers)
-        )
-        if not fast:
-            return self.decode(memory, tgt, src_mask=src_mask, cache=cache)  # it checks, or raises
-        x = self.positional(self.tgt_embed(tgt, name="tgt"), offset=past)  # both check their input
-        if src_mask is not None and src_mask.dim() == 3:
-            src_mask = src_mask.unsqueeze(-3)  # (batch, 1, src_len) → (batch, 1, 1, src_len): the head axis
-        return self.decoder.step(x, src_mask=src_mask, cache=cache)
-
-    def _decoder_hooked(self) -> bool:
-        """Whether a forward hook watches the decoder or a module in it (or every module):
-        :meth:`decode_step` then takes the path that calls them. Looked up once per block."""
-        block = frozen_block()
-        looked = self.__dict__.get("_hooks_looked_up")
-        if looked is None or looked[0] != block:
-            found = any(m._forward_hooks or m._forward_pre_hooks for m in self.decoder.modules())
-            looked = self.__dict__["_hooks_looked_up"] = (block, found)
-        return looked[1] or bool(_global_forward_hooks or _global_forward_pre_hooks)
 
     def forward(
         self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None

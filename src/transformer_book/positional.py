@@ -15,8 +15,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_features, check_positive, check_probability
-from .kernels import Dropout
+from .checks import check_features, check_positive, check_probability
 
 
 def sinusoidal_positional_encoding(
@@ -61,7 +60,7 @@ class PositionalEncoding(nn.Module):
         check_probability(dropout, "dropout")
         self.d_model = d_model
         self.max_len = max_len
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         # A buffer: it moves with .to(device) but is not a parameter and is not saved.
         self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model, interleaved), persistent=False)
 

@@ -34,7 +34,7 @@ try:
 except ImportError:  # Python 3.10
     from importlib.abc import Traversable
 
-from ._checks import check_positive
+from .checks import check_positive
 from .data import DateTask
 from .runtime import get_device, seed_everything
 from .training import strip_sequences

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
-from ._checks import check_positive, check_probability, shape_of
+from .checks import check_positive, check_probability, shape_of
 from .data import Batch
 from .inference import greedy_decode
 from .model import Transformer

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ._checks import check_positive, require_tensor, shape_of
+from .checks import check_positive, require_tensor, shape_of
 from .training import History
 
 # The model needs none of the chart libraries; the charts need all four (matplotlib and

@@ -15,7 +15,7 @@ the heads side by side, already merged.
 The C file is compiled on first use for the CPU it runs on (see ``_native``: ``$CC``,
 ``$TRANSFORMER_BOOK_CACHE``). Where there is no compiler, compiling fails, the result
 computes wrongly, or ``TRANSFORMER_BOOK_FEW_ROWS=0``,
-:func:`available` is False, :class:`~transformer_book.kernels.PackedWeight` keeps these
+:func:`available` is False, :class:`~transformer_book.fast.kernels.PackedWeight` keeps these
 products with oneDNN and attention stays with PyTorch's fused kernel: the same numbers to
 float rounding, more slowly.
 """
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _native
-from ._checks import check_mask, shape_of
+from ..checks import check_mask, shape_of
 
 #: In inference mode, a product of at most this many rows runs here (when :func:`available`).
 #: Measured with ``benchmarks/bench_kernels.py`` on an AMD EPYC, it was 1.3 to 2.5 times as fast as
@@ -69,12 +69,15 @@ def pack(weight: Tensor) -> Tensor:
     return padded.view(count, _lanes, in_features).transpose(1, 2).contiguous()
 
 
-def linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+def product(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """``F.linear(x, weight, bias)`` with ``panels = pack(weight)``: ``x (..., in)`` → ``(..., out)``.
 
-    ``x`` is float32 on the CPU; so are ``panels`` and ``bias`` (contiguous, ``(out,)``).
+    ``x``, ``panels`` and ``bias`` (contiguous, ``(out,)``) are float32 on the CPU, and none
+    needs a gradient (the kernel has no backward). Everything the C loop reads is checked
+    first, on every call: a few attribute reads, against reading past the end of a buffer.
     """
     _require()
+    in_features = panels.shape[1] if panels.dim() == 3 else -1
     if not (
         panels.dim() == 3
         and panels.shape[2] == _lanes
@@ -86,21 +89,15 @@ def linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) ->
         raise ValueError(f"out_features={out_features} does not fit panels {shape_of(panels)} (use pack(weight))")
     if bias is not None and not (
         bias.shape == (out_features,) and bias.dtype == torch.float32 and bias.is_cpu and bias.is_contiguous()
-    ):  # the C loop reads out_features floats from it
-        raise ValueError(f"bias must be contiguous float32 ({out_features}) on the CPU, got {shape_of(bias)}")
-    return product(x, panels, bias, out_features)
-
-
-def product(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
-    """:func:`linear` for ``panels`` and ``bias`` already known to fit (``PackedWeight``'s own,
-    checked once): only ``x`` is checked, on every call of a decoding step."""
-    if x.dtype != torch.float32 or not x.is_cpu or x.shape[-1:] != panels.shape[1:2]:
+    ):
+        raise ValueError(f"bias must be contiguous float32 ({out_features},) on the CPU, got {shape_of(bias)}")
+    if x.dtype != torch.float32 or not x.is_cpu or x.dim() == 0 or x.shape[-1] != in_features:
         raise ValueError(
-            f"x must be float32 on the CPU with {panels.shape[1]} features, got {x.dtype} {shape_of(x)} on {x.device}"
+            f"x must be float32 on the CPU with {in_features} features, got {x.dtype} {shape_of(x)} on {x.device}"
         )
+    _refuse_gradients(x=x, panels=panels, bias=bias)
     x = x.contiguous()
     y = x.new_empty(*x.shape[:-1], out_features)
-    in_features = panels.shape[1]
     _library.few_rows_linear(
         x.data_ptr(),
         panels.data_ptr(),
@@ -112,6 +109,15 @@ def product(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -
         torch.get_num_threads(),
     )
     return y
+
+
+def _refuse_gradients(**tensors: Tensor | None) -> None:
+    """The C kernels have no backward: a tensor that needs a gradient must take PyTorch's path,
+    never lose its gradient here."""
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if t is not None and t.requires_grad:
+                raise ValueError(f"{name} {shape_of(t)} requires grad; the few-row kernels have no backward")
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -145,8 +151,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Te
         if t.dtype != torch.float32 or not t.is_cpu or t.stride(-1) != 1:
             raise ValueError(f"{name} must be float32 on the CPU with contiguous features, got {t.dtype} {shape_of(t)}")
     length = k.shape[2]
+    _refuse_gradients(q=q, k=k, v=v)
     if mask is not None:
-        check_mask(mask, "mask", (batch, heads, 1, length))
+        check_mask(mask, "mask", (batch, heads, 1, length), q.device)
         mask = mask.expand(batch, heads, 1, length)  # strides of 0 where it broadcasts
     out, scores = q.new_empty(batch, 1, heads * dim), q.new_empty(batch * heads, length)
     _library.few_rows_attention(
@@ -196,8 +203,8 @@ def _computes_correctly() -> bool:
     x = torch.randn(11, 37, generator=generator)
     with torch.inference_mode():
         panels = pack(weight)
-        y = linear(x, panels, bias, 13)
-        alone = torch.cat([linear(row[None], panels, bias, 13) for row in x])
+        y = product(x, panels, bias, 13)
+        alone = torch.cat([product(row[None], panels, bias, 13) for row in x])
         q, k, v = (torch.randn(3, 2, length, 9, generator=generator) for length in (1, 5, 5))
         mask = torch.rand(3, 1, 1, 5, generator=generator) > 0.5
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).nan_to_num(0.0).transpose(1, 2)

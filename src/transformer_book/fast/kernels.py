@@ -1,7 +1,7 @@
-"""Appendix C: faster CPU kernels behind the model's ``Linear`` and ``Dropout``.
+"""Appendix C: faster CPU kernels for ``nn.Linear`` and ``nn.Dropout``.
 
-Both classes are ``nn.Linear`` and ``nn.Dropout``: same parameters, same
-``state_dict``, same results to float rounding. Only the kernels differ, and only for
+:class:`FastLinear` and :class:`FastDropout` are ``nn.Linear`` and ``nn.Dropout``: same
+parameters, same ``state_dict``, same results to float rounding. Only the kernels differ, and only for
 float32 tensors on a CPU; anywhere else (a GPU, float64, autocast, ``torch.compile``
 or ``torch.export``, a PyTorch without oneDNN) they run PyTorch's own.
 
@@ -13,7 +13,7 @@ appendix C shows its figures):
   for the many-row products of training, and faster still once a weight is reordered
   into its blocked layout. Reordering reads and writes the whole weight, so it pays only
   when the weight is then used many times unchanged: in ``torch.inference_mode``, where
-  no optimiser can change it (the step ``torch.compile`` takes for a frozen CPU model).
+  no optimiser can change it.
   There the few-row products of a decoding step go to :mod:`~transformer_book.few_rows`,
   a kernel written for them, which streams the weights nearer the memory's speed (see
   :class:`PackedWeight` for the rules). In training the forward product and the input's
@@ -24,7 +24,7 @@ appendix C shows its figures):
   (its default math mode).
 - **Dropout.** ``F.dropout`` draws one float per element with ``bernoulli_``, which on
   CPUs other than Intel's runs on a single thread, one 32-bit draw per element, then
-  multiplies by the mask in another pass and keeps it for backward. :class:`Dropout` and
+  multiplies by the mask in another pass and keeps it for backward. :class:`FastDropout` and
   :func:`dropout` use :mod:`~transformer_book.dropout_kernel`: 16 random bits per element,
   a hash of a seed drawn from PyTorch's seeded generator and the element's position,
   computed with the product in one vectorised pass on every thread, and recomputed in
@@ -52,8 +52,6 @@ from . import dropout_kernel, few_rows
 
 _ONEDNN: bool | None = None  # oneDNN's linear ops present and working here? Decided on first use.
 _USE_OWN = True  # False inside pytorch_kernels()
-_frozen_block = 0  # the innermost frozen_weights() block's number; 0 outside every block
-_blocks_opened = 0
 
 # Measured on an AMD EPYC with 8 rows: MKL was faster for a 256 × 256 weight (0.5 million
 # multiply-adds), packed oneDNN for 768 × 256 (1.6 million). bench_kernels.py times what
@@ -66,37 +64,33 @@ PACKED_MIN_MACS = 1 << 20
 
 @contextmanager
 def pytorch_kernels() -> Iterator[None]:
-    """Within the block, :class:`Linear`, :class:`Dropout` and :func:`linear` run PyTorch's
-    own kernels (``F.linear``, ``F.dropout``), to compare the two."""
-    global _USE_OWN, _frozen_block
+    """Within the block the wing's modules run PyTorch's own kernels (``F.linear``,
+    ``F.dropout``, the fused attention), to compare the two."""
+    global _USE_OWN
     before, _USE_OWN = _USE_OWN, False
-    block, _frozen_block = _frozen_block, 0  # and no shortcut to a packed weight
     try:
         yield
     finally:
-        _USE_OWN, _frozen_block = before, block
+        _USE_OWN = before
 
 
-@contextmanager
-def frozen_weights() -> Iterator[None]:
-    """Within the block no weight changes: a decoding loop, which runs the model many times
-    and owns it while it runs. A :class:`PackedWeight` that has checked its weight once in
-    the block skips that check (its stamp) for the rest of it, as a frozen graph would;
-    the products and their results are the same. It still checks that inference mode is on
-    and that no dispatch mode has been entered since; enter no autocast inside the block."""
-    global _frozen_block, _blocks_opened
-    _blocks_opened += 1
-    before, _frozen_block = _frozen_block, _blocks_opened
-    try:
-        yield
-    finally:
-        _frozen_block = before
+def dispatch_mode_active() -> bool:
+    """Whether a dispatch mode (``FlopCounterMode``, the fake tensors of ``torch.export``) is
+    entered: it sees every aten op and should keep seeing them. PyTorch has no public query;
+    where its private one is missing, the answer is yes, so the wing stays out of the way."""
+    length = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    return True if length is None else bool(length())
 
 
-def frozen_block() -> int:
-    """The number of the innermost :func:`frozen_weights` block now running; 0 outside every
-    block. Something prepared from the weights inside a block holds while this stays the same."""
-    return _frozen_block
+def global_hooks_registered() -> bool:
+    """Whether a forward hook is registered for every module (``register_module_forward_hook``):
+    the wing's shortcuts would skip it. Read through PyTorch's private registry; where it is
+    missing, the answer is yes."""
+    from torch.nn.modules import module
+
+    hooks = getattr(module, "_global_forward_hooks", None)
+    pre_hooks = getattr(module, "_global_forward_pre_hooks", None)
+    return hooks is None or pre_hooks is None or bool(hooks or pre_hooks)
 
 
 def _onednn_available() -> bool:
@@ -123,7 +117,7 @@ def applies_to(*tensors: Tensor | None) -> bool:
     should keep seeing them.)"""
     if (
         not _USE_OWN
-        or torch._C._len_torch_dispatch_stack()
+        or dispatch_mode_active()
         or torch.is_autocast_enabled("cpu")
         or torch.compiler.is_compiling()
         or torch.jit.is_tracing()
@@ -149,7 +143,7 @@ def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def affine(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear``: ``x (..., in)``, ``weight (out, in)`` → ``(..., out)``, with oneDNN doing
     the products on a CPU (the weight's gradient stays with MKL, faster there)."""
     if not _onednn_eligible(x, weight, bias):
@@ -195,106 +189,59 @@ def weight_stamp(*tensors: Tensor | None) -> tuple | None:
 
 
 class PackedWeight:
-    """A weight matrix copied, on first use in inference mode, into the layout its kernel reads.
+    """A weight matrix copied, in inference mode, into the layout its kernel reads.
 
     Two kernels read a packed copy: oneDNN (its blocked layout) for products of many rows,
-    and :mod:`~transformer_book.few_rows` (panels of a few outputs) for products of at most
-    :data:`few_rows.MAX_ROWS <transformer_book.few_rows.MAX_ROWS>` rows when it is
+    and :mod:`~transformer_book.fast.few_rows` (panels of a few outputs) for products of at
+    most :data:`few_rows.MAX_ROWS <transformer_book.fast.few_rows.MAX_ROWS>` rows when it is
     available; a product under :data:`PACKED_MIN_MACS` stays with MKL. Each copy is made
     when first needed, again when the weight changes (see :func:`weight_stamp`), and never
-    copied or saved: ``copy.deepcopy`` and pickling give an empty one, so a module holding
-    it copies, saves and loads like any other.
+    copied or saved: ``copy.deepcopy`` and pickling give an empty one.
     """
 
     def __init__(self) -> None:
         self._stamp: tuple | None = None
-        self._packed: Tensor | None = None  # oneDNN's layout
+        self._onednn: Tensor | None = None  # oneDNN's layout
         self._panels: Tensor | None = None  # few_rows.pack's layout
-        self._panels_out = 0  # the weight's out_features (the panels are padded)
-        # In the frozen_weights() block numbered _checked_in, inputs of at least _few_min_numel
-        # and fewer than _few_numel elements (enough rows for few_rows.MIN_MACS, at most
-        # few_rows.MAX_ROWS) go straight to the few-row kernel, other inputs of at least
-        # _min_numel (enough rows for PACKED_MIN_MACS) to oneDNN: see _route.
-        self._checked_in = 0
-        self._few_min_numel = 0
-        self._few_numel = 0
-        self._min_numel = 0
 
-    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, stamp: tuple | None = None) -> Tensor:
+    def apply(self, x: Tensor, weight: Tensor, bias: Tensor | None, stamp: tuple | None = None) -> Tensor:
         """``F.linear(x, weight, bias)``: ``x (..., in)``, ``weight (out, in)`` → ``(..., out)``.
 
         ``stamp`` identifies ``weight``'s values when ``weight`` is itself derived (the
-        packed q/k/v matrix, an inference tensor, whose own version is not tracked);
+        stacked q/k/v matrix, an inference tensor, whose own version is not tracked);
         by default it is the weight's own :func:`weight_stamp`.
         """
-        route = self._route(x.numel())
-        if (
-            route is not None
-            and torch.is_inference_mode_enabled()  # not left for autograd
-            and not torch._C._len_torch_dispatch_stack()  # no dispatch mode entered since
-        ):  # the weight was checked earlier in this block
-            if route is _FEW_ROWS:
-                return few_rows.product(x, self._panels, bias, self._panels_out)
-            return _onednn_linear(x, self._packed, bias)
         if not torch.is_inference_mode_enabled():
-            return linear(x, weight, bias)
-        macs = _macs(x, weight)
-        few = _few_rows_eligible(x, weight, bias, macs)
-        if not few and (macs < PACKED_MIN_MACS or not _onednn_eligible(x, weight, bias)):
-            return F.linear(x, weight, bias)  # the size first: it is the cheaper test
-        stamp = weight_stamp(weight) if stamp is None else stamp
-        if stamp is None:  # a weight made in inference mode: its changes are not tracked, so never pack it
-            return _onednn_linear(x, weight, bias) if _onednn_eligible(x, weight, bias) else F.linear(x, weight, bias)
-        if self._stamp != stamp:
-            self._packed = self._panels = None
-            self._stamp = stamp
-        if few and self._panels is None:
-            self._panels, self._panels_out = few_rows.pack(weight), weight.shape[0]
-        if not few and self._packed is None:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        if _frozen_block:  # checked: for the rest of the block, inputs big enough skip to a kernel
-            self._checked_in = _frozen_block
-            # the size rules as input sizes, read once per block (changed rules count from the next)
-            in_features, weights = weight.shape[1], max(weight.numel(), 1)
-            self._few_min_numel = -(-few_rows.MIN_MACS // weights) * in_features  # rows * in
-            self._few_numel = (few_rows.MAX_ROWS + 1) * in_features if few_rows.available() else 0
-            self._min_numel = -(-PACKED_MIN_MACS // weights) * in_features
-        if few:
-            return few_rows.product(x, self._panels, bias, self._panels_out)
-        return _onednn_linear(x, self._packed, bias)
+            return affine(x, weight, bias)
+        if not applies_to(x) or x.dim() < 2 or x.shape[-1] != weight.shape[1]:
+            return F.linear(x, weight, bias)
+        kernel = self.kernel(weight, bias, x.numel() // x.shape[-1], stamp)
+        return F.linear(x, weight, bias) if kernel is None else kernel(x)
 
-    def bind(
-        self, weight: Tensor, bias: Tensor | None, numel: int, stamp: tuple | None = None
-    ) -> Callable[[Tensor], Tensor]:
-        """``x ↦ self.linear(x, weight, bias, stamp)`` for inputs ``x`` of ``numel`` elements, in
-        the :func:`frozen_weights` block now running (a decoding step's plan, valid for the rest
-        of the block). When ``linear`` has checked the weight in this block and sends such inputs
-        straight to a kernel, the function calls that kernel directly: the same kernel on the
-        same numbers, with nothing in between."""
-        route = self._route(numel)
-        if route is _FEW_ROWS:
-            panels, out_features = self._panels, self._panels_out
-            return lambda x: few_rows.product(x, panels, bias, out_features)
-        if route is _ONEDNN:
-            packed = self._packed
-            return lambda x: _onednn_linear(x, packed, bias)
-        return lambda x: self.linear(x, weight, bias, stamp)
-
-    def _route(self, numel: int) -> object | None:
-        """The kernel an input of ``numel`` elements goes straight to (``_FEW_ROWS`` or
-        ``_ONEDNN``): the weight was checked in this block, its copy for that kernel exists,
-        and the size rules (precomputed as input sizes) send it there. ``None``: check first."""
-        if not self.checked_in_this_block():
+    def kernel(
+        self, weight: Tensor, bias: Tensor | None, rows: int, stamp: tuple | None = None
+    ) -> Callable[[Tensor], Tensor] | None:
+        """The product of ``rows`` rows by ``weight`` in inference mode, as a function bound to
+        the packed copy it reads (packed now if needed); ``None`` where MKL's ``F.linear`` is
+        the choice. A decoding plan calls this once and then the function at every step."""
+        macs = rows * weight.numel()
+        few = _few_rows_eligible(weight, bias, rows, macs)
+        if not few and (macs < PACKED_MIN_MACS or not _onednn_eligible(weight, weight, bias)):
             return None
-        if self._few_min_numel <= numel < self._few_numel:
-            return _FEW_ROWS if self._panels is not None else None
-        if numel >= self._min_numel:
-            return _ONEDNN if self._packed is not None else None
-        return None
-
-    def checked_in_this_block(self) -> bool:
-        """Whether this weight was checked in the current :func:`frozen_weights` block."""
-        return _frozen_block != 0 and self._checked_in == _frozen_block
+        stamp = weight_stamp(weight) if stamp is None else stamp
+        if stamp is None:  # an inference tensor: its changes are not tracked, so never pack it
+            return None
+        if self._stamp != stamp:
+            self._stamp, self._onednn, self._panels = stamp, None, None
+        if few:
+            if self._panels is None:
+                self._panels = few_rows.pack(weight)
+            panels, out_features = self._panels, weight.shape[0]
+            return lambda x: few_rows.product(x, panels, bias, out_features)
+        if self._onednn is None:
+            self._onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        onednn = self._onednn
+        return lambda x: _onednn_linear(x, onednn, bias)
 
     def __deepcopy__(self, memo: dict) -> PackedWeight:
         return PackedWeight()
@@ -306,52 +253,38 @@ class PackedWeight:
         self.__init__()
 
     def __repr__(self) -> str:
-        copies = [name for name, copy in (("oneDNN", self._packed), ("few rows", self._panels)) if copy is not None]
+        copies = [name for name, copy in (("oneDNN", self._onednn), ("few rows", self._panels)) if copy is not None]
         return f"PackedWeight({'packed for ' + ' and '.join(copies) if copies else 'empty'})"
 
 
-_FEW_ROWS, _ONEDNN = object(), object()  # PackedWeight._route's answers
-
-
-def _few_rows_eligible(x: Tensor, weight: Tensor, bias: Tensor | None, macs: int) -> bool:
-    """Whether the few-row kernel computes ``F.linear(x, weight, bias)`` in inference mode:
-    at most ``few_rows.MAX_ROWS`` rows, at least ``few_rows.MIN_MACS`` multiply-adds."""
-    rows = macs // max(weight.numel(), 1)
+def _few_rows_eligible(weight: Tensor, bias: Tensor | None, rows: int, macs: int) -> bool:
+    """Whether the few-row kernel computes a product of ``rows`` rows by ``weight`` in
+    inference mode: at most ``few_rows.MAX_ROWS`` rows, at least ``few_rows.MIN_MACS`` multiply-adds."""
     return (
         rows <= few_rows.MAX_ROWS
         and macs >= few_rows.MIN_MACS
-        and x.shape[-1] == weight.shape[1]
         and (bias is None or (bias.shape == weight.shape[:1] and bias.is_contiguous()))
-        and applies_to(x, weight, bias)
+        and applies_to(weight, bias)
         and few_rows.available()
     )
 
 
-class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same ``state_dict``) on oneDNN's kernels on a CPU.
+class FastLinear(nn.Linear):
+    """``nn.Linear`` (same parameters, same ``state_dict``) on oneDNN's kernels on a CPU, and on
+    packed weights in inference mode (see :class:`PackedWeight`). ``x (..., in_features)`` →
+    ``(..., out_features)``. :func:`~transformer_book.fast.accelerate` turns a model's
+    ``nn.Linear`` modules into these."""
 
-    ``x (..., in_features)`` → ``(..., out_features)``. In inference mode the weight is
-    packed once (see :class:`PackedWeight`).
-    """
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.packed = PackedWeight()
+    packed: PackedWeight
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.packed.linear(x, self.weight, self.bias)
+        return self.packed.apply(x, self.weight, self.bias)
 
-    def bind(self, numel: int) -> Callable[[Tensor], Tensor]:
-        """This layer as a function of inputs of ``numel`` elements, for the rest of the
-        :func:`frozen_weights` block (see :meth:`PackedWeight.bind`)."""
-        return self.packed.bind(self.weight, self.bias, numel)
+    def kernel(self, rows: int) -> Callable[[Tensor], Tensor]:
+        """This layer, in inference mode, as a function of inputs of ``rows`` rows (a decoding plan's)."""
+        kernel = self.packed.kernel(self.weight, self.bias, rows)
+        weight, bias = self.weight, self.bias
+        return kernel if kernel is not None else (lambda x: F.linear(x, weight, bias))
 
 
 class _SeededDropout(torch.autograd.Function):
@@ -388,15 +321,15 @@ class _SeededReLUDropout(torch.autograd.Function):
 
 def relu_dropout(x: Tensor, dropout_layer: nn.Dropout) -> Tensor:
     """``dropout_layer(x.relu())``: on float32 CPU tensors in training, when ``dropout_layer`` is
-    this module's :class:`Dropout` (not in place, no hooks), one pass with the very mask and
+    a :class:`FastDropout` (not in place, no hooks), one pass with the very mask and
     numbers of the two steps, and one pass back instead of two."""
     fused = (
-        type(dropout_layer) is Dropout
+        type(dropout_layer) is FastDropout
         and dropout_layer.training
         and 0.0 < dropout_layer.p < 1.0
         and not dropout_layer.inplace
         and not (dropout_layer._forward_hooks or dropout_layer._forward_pre_hooks)
-        and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
+        and not global_hooks_registered()
         and applies_to(x)
     )
     if not fused:
@@ -405,7 +338,7 @@ def relu_dropout(x: Tensor, dropout_layer: nn.Dropout) -> Tensor:
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """``F.dropout(x, p, training)``, with :mod:`~transformer_book.dropout_kernel`'s masks on
+    """``F.dropout(x, p, training)``, with :mod:`~transformer_book.fast.dropout_kernel`'s masks on
     float32 CPU tensors: each element zeroed with probability ``p`` (to 1/65536), the rest
     scaled by ``1 / (1 - p)``; ``x`` itself when not ``training``. The mask's seed comes from
     PyTorch's default generator, so ``torch.manual_seed`` repeats it."""
@@ -416,7 +349,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return _SeededDropout.apply(x, p, dropout_kernel.draw_seed())
 
 
-class Dropout(nn.Dropout):
+class FastDropout(nn.Dropout):
     """``nn.Dropout`` whose mask, on a CPU, costs a fraction of ``bernoulli_``'s draws.
 
     Same module, same meaning: in training each element is zeroed with probability

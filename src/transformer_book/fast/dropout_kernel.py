@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from . import _native
-from ._checks import shape_of
+from ..checks import shape_of
 
 SOURCE = Path(__file__).with_name("dropout_kernel.c")
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # as in the C file
@@ -98,7 +98,9 @@ def relu_backward(grad: Tensor, y: Tensor, p: float) -> Tensor:
 
 def _check(x: Tensor, name: str, p: float) -> None:
     if x.dtype != torch.float32 or not x.is_cpu:
-        raise ValueError(f"{name} must be float32 on the CPU, got {x.dtype} on {x.device}")
+        raise ValueError(f"{name} must be float32 on the CPU, got {x.dtype} {shape_of(x)} on {x.device}")
+    if torch.is_grad_enabled() and x.requires_grad:  # the kernel has no backward: never drop a gradient
+        raise ValueError(f"{name} {shape_of(x)} requires grad; use kernels.dropout, which carries it")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"p must be in [0, 1), got {p!r}")
 

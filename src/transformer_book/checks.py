@@ -1,0 +1,177 @@
+"""Argument checks, one call at the top of each public function or module.
+
+Bad input fails early with a ``ValueError`` that names the argument and its shape,
+instead of a stack trace from deep inside PyTorch. The chapters' listings call these
+helpers by their public names, so a listing pasted into a notebook after
+``from transformer_book import *`` runs as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def shape_of(tensor: Tensor) -> str:
+    """``(2, 3, 4)``-style text for error messages."""
+    return "(" + ", ".join(str(size) for size in tensor.shape) + ")"
+
+
+def require_tensor(value: object, name: str) -> Tensor:
+    """``value`` itself if it is a tensor, else a ``ValueError`` naming ``name``."""
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_positive(value: int, name: str) -> None:
+    """``value`` must be a positive integer (not a bool)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_probability(value: float, name: str) -> None:
+    """``value`` must lie in ``[0, 1)`` (a dropout rate, a smoothing mass)."""
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+
+
+def check_sizes(d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+    """A layer's sizes: positive, ``d_model`` divisible by ``num_heads``, dropout in [0, 1)."""
+    check_positive(d_model, "d_model")
+    check_positive(num_heads, "num_heads")
+    check_probability(dropout, "dropout")
+    if d_model % num_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+
+
+def check_features(x: Tensor, name: str, d_model: int, ndim: int = 3) -> None:
+    """``x`` must be a floating tensor ``(batch, seq, d_model)`` with batch and seq > 0."""
+    require_tensor(x, name)
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype} with shape {shape_of(x)}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions (batch, seq, d_model), got shape {shape_of(x)}")
+    if x.shape[-1] != d_model:
+        raise ValueError(f"{name} must have last dimension d_model={d_model}, got shape {shape_of(x)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty: shape {shape_of(x)}")
+
+
+def check_tokens(tokens: Tensor, name: str, vocab_size: int, max_len: int | None = None) -> None:
+    """``tokens`` must be integer ids ``(batch, seq)`` in ``[0, vocab_size)``, at most ``max_len`` long."""
+    require_tensor(tokens, name)
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
+        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype} with shape {shape_of(tokens)}")
+    if tokens.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, seq), got {shape_of(tokens)}")
+    if tokens.numel() == 0:
+        raise ValueError(f"{name} is empty: shape {shape_of(tokens)}")
+    if max_len is not None and tokens.shape[1] > max_len:
+        raise ValueError(
+            f"{name} has {tokens.shape[1]} positions, more than max_len={max_len}; shape {shape_of(tokens)}"
+        )
+    if tokens.device.type == "meta":  # shapes only (the device test): there are no ids to read
+        return
+    low, high = map(int, tokens.aminmax())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"{name} holds ids in [{low}, {high}] but the vocabulary has {vocab_size} ids (0..{vocab_size - 1}); "
+            f"shape {shape_of(tokens)}"
+        )
+
+
+def check_mask(mask: Tensor | None, name: str, target: tuple[int, ...], device: torch.device | None = None) -> None:
+    """A mask must be boolean (True = may attend), broadcast to ``target`` and, when ``device``
+    is given, live there (a mask on another device would otherwise fail deep inside, or worse)."""
+    if mask is None:
+        return
+    require_tensor(mask, name)
+    if mask.dtype != torch.bool:
+        raise ValueError(
+            f"{name} must be a boolean tensor (True = may attend), got dtype {mask.dtype} with shape {shape_of(mask)}"
+        )
+    broadcasts = all(size in (1, goal) for size, goal in zip(reversed(mask.shape), reversed(target)))
+    if mask.dim() > len(target) or not broadcasts:
+        expected = "(" + ", ".join(str(size) for size in target) + ")"
+        problem = "has more dimensions than" if mask.dim() > len(target) else "does not broadcast to"
+        raise ValueError(f"{name} with shape {shape_of(mask)} {problem} {expected}")
+    if device is not None and mask.device != device:
+        raise ValueError(f"{name} with shape {shape_of(mask)} is on {mask.device}, but the queries are on {device}")
+
+
+def check_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> None:
+    """The inputs of scaled dot-product attention: ``query (..., q_len, d_k)``, ``key (..., k_len, d_k)``,
+    ``value (..., k_len, d_v)`` floating tensors on one device, ``mask`` boolean and broadcastable to
+    ``(..., q_len, k_len)``, ``dropout_p`` in [0, 1)."""
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        require_tensor(tensor, name)
+        if tensor.dim() < 2 or not tensor.is_floating_point():
+            raise ValueError(
+                f"{name} must be a floating tensor (..., len, features), got {tensor.dtype} {shape_of(tensor)}"
+            )
+        if tensor.device != query.device:
+            raise ValueError(f"{name} is on {tensor.device} but query is on {query.device}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query and key must share d_k, got query {shape_of(query)} and key {shape_of(key)}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same length, got key {shape_of(key)} and value {shape_of(value)}"
+        )
+    try:
+        batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading axes of query {shape_of(query)}, key {shape_of(key)} and value {shape_of(value)} "
+            "do not broadcast"
+        ) from None
+    check_probability(dropout_p, "dropout_p")
+    check_mask(mask, "mask", (*batch, query.shape[-2], key.shape[-2]), query.device)
+
+
+def check_heads_input(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, d_model: int, num_heads: int, past: int = 0
+) -> None:
+    """The inputs of multi-head attention: ``query (B, q_len, d_model)``, ``key`` and ``value
+    (B, k_len, d_model)``, ``mask`` broadcastable to ``(B, q_len, past + k_len)`` or, with the
+    head axis, ``(B, num_heads, q_len, past + k_len)``; ``past`` positions come from a cache."""
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        check_features(tensor, name, d_model)
+    if key.shape[:2] != value.shape[:2]:
+        raise ValueError(f"key and value must share (batch, len), got key {shape_of(key)} and value {shape_of(value)}")
+    if key.shape[0] != query.shape[0]:
+        raise ValueError(
+            f"query and key must share the batch size, got query {shape_of(query)} and key {shape_of(key)}"
+        )
+    target = (query.shape[0], query.shape[1], past + key.shape[1])
+    if mask is not None and mask.dim() == 4:
+        target = (target[0], num_heads, *target[1:])
+    check_mask(mask, "mask", target, query.device)
+
+
+def check_target(tgt: Tensor, memory: Tensor, past: int, vocab_size: int, max_len: int) -> None:
+    """The decoder's input: ids ``tgt (batch, new)`` in the vocabulary, that with ``past`` cached
+    positions stay within ``max_len``, for a ``memory (batch, src_len, d_model)`` of the same batch."""
+    check_tokens(tgt, "tgt", vocab_size)
+    if past + tgt.shape[1] > max_len:
+        raise ValueError(
+            f"tgt reaches position {past + tgt.shape[1] - 1} (shape {shape_of(tgt)}, {past} cached), "
+            f"beyond max_len={max_len}"
+        )
+    require_tensor(memory, "memory")
+    if memory.dim() != 3 or tgt.shape[0] != memory.shape[0]:
+        raise ValueError(f"tgt {shape_of(tgt)} and memory {shape_of(memory)} must have the same batch size")
+
+
+def check_decoding(config: object, src: Tensor, max_len: int, bos_id: int, eos_id: int | None) -> None:
+    """A decoding loop's arguments for a model of ``config`` (a ``ModelConfig``): ``src`` ids of
+    its source vocabulary, ``max_len`` within the model's, ``bos_id`` and ``eos_id`` target ids."""
+    check_tokens(src, "src", config.src_vocab_size, config.max_len)
+    check_positive(max_len, "max_len")
+    if max_len > config.max_len:
+        raise ValueError(f"max_len={max_len} exceeds the model's max_len={config.max_len}")
+    for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if token is not None and not 0 <= token < config.tgt_vocab_size:
+            raise ValueError(f"{name}={token} is not an id of the target vocabulary (size {config.tgt_vocab_size})")
