@@ -87,8 +87,15 @@ def test_token_embedding_scales_by_sqrt_d_model():
     torch.testing.assert_close(embedding(tokens), embedding.weight[tokens] * 4.0)
 
 
-@pytest.mark.parametrize("device_name", ["cpu"])
-def test_model_moves_with_its_buffers(device_name):
-    model = tb.make_model(tb.ModelConfig.small(11)).to(device_name)
-    assert model.positional.pe.device.type == device_name
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_model_moves_with_its_buffers(dtype):
+    """``.to()`` carries the positional table (a buffer) along with the parameters; the meta
+    device stands in for a GPU here, and a dtype change shows the buffer really moved."""
+    model = tb.make_model(tb.ModelConfig.small(11))
+    assert model.positional.pe.device.type == "cpu" and model.positional.pe.dtype == torch.float32
+    model.to("meta")
+    assert model.positional.pe.device.type == "meta"
+    assert all(p.device.type == "meta" for p in model.parameters())
+    model = tb.make_model(tb.ModelConfig.small(11)).to(dtype)
+    assert model.positional.pe.dtype == dtype
     assert "positional.pe" not in model.state_dict()  # a fixed table, not saved

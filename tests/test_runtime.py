@@ -29,9 +29,14 @@ def test_unknown_device_name(monkeypatch):
         tb.get_device()
 
 
-def test_default_device_prefers_an_accelerator(monkeypatch):
+@pytest.mark.parametrize(
+    "cuda, mps, expected", [(True, True, "cuda"), (True, False, "cuda"), (False, True, "mps"), (False, False, "cpu")]
+)
+def test_default_device_prefers_an_accelerator(monkeypatch, cuda, mps, expected):
+    """Without the variable: CUDA before MPS before the CPU, whatever this machine has."""
     monkeypatch.delenv(DEVICE_ENV, raising=False)
-    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
     assert tb.get_device().type == expected
 
 

@@ -19,21 +19,23 @@ The model is plain PyTorch. The speed wing, ``transformer_book.fast`` (appendix 
 imported only on request: ``from transformer_book import fast; fast.accelerate(model)``.
 """
 
+from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
 from .checks import (
     check_attention,
     check_decoding,
     check_features,
     check_heads_input,
+    check_logits,
     check_mask,
     check_positive,
     check_probability,
     check_sizes,
+    check_smoothing,
     check_target,
     check_tokens,
     require_tensor,
     shape_of,
 )
-from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
 from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
@@ -122,10 +124,12 @@ __all__ = [
     "check_decoding",
     "check_features",
     "check_heads_input",
+    "check_logits",
     "check_mask",
     "check_positive",
     "check_probability",
     "check_sizes",
+    "check_smoothing",
     "check_target",
     "check_tokens",
     "require_tensor",

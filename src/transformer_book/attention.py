@@ -130,16 +130,13 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        past = cache.length if cache is not None and not cache.static else 0
-        check_heads_input(query, key, value, mask, self.d_model, self.num_heads, past)
+        check_heads_input(query, key, value, mask, self.d_model, self.num_heads, cache)
         q = self.split_heads(self.q_proj(query))  # (B, heads, q_len, d_head)
-        if cache is not None and cache.static and cache.length:  # the memory's, stored
-            k, v = cache.key, cache.value
+        if cache is not None and cache.static and cache.length:
+            k, v = cache.key, cache.value  # cross-attention: the memory's, stored at step 1
         else:
-            k = self.split_heads(self.k_proj(key))
-            v = self.split_heads(self.v_proj(value))
-            if cache is not None:  # decoding: add this step's keys and values
-                k, v = cache.update(k, v)
+            k, v = self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
+            k, v = cache.update(k, v) if cache is not None else (k, v)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (B, 1, q_len, k_len): one mask for every head
         p = self.dropout if self.training else 0.0

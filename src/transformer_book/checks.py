@@ -45,6 +45,28 @@ def check_sizes(d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
 
 
+def check_smoothing(vocab_size: int, smoothing: float, pad_id: int) -> None:
+    """Label smoothing's settings: ``smoothing`` in [0, 1) spread over at least one wrong token
+    (so ``vocab_size`` ≥ 3: padding, the right token, another), ``pad_id`` an id of the vocabulary."""
+    check_probability(smoothing, "smoothing")
+    if not isinstance(vocab_size, int) or vocab_size < 3:
+        raise ValueError(f"vocab_size must be at least 3 (padding, the right token, another), got {vocab_size!r}")
+    if not 0 <= pad_id < vocab_size:
+        raise ValueError(f"pad_id={pad_id} is not an id of the vocabulary (size {vocab_size})")
+
+
+def check_logits(logits: Tensor, target: Tensor, vocab_size: int) -> None:
+    """``logits (..., vocab_size)`` floating, for integer ``target (...)`` ids of the same leading shape."""
+    require_tensor(logits, "logits")
+    require_tensor(target, "target")
+    if not logits.is_floating_point() or target.is_floating_point() or target.dtype == torch.bool:
+        raise ValueError(f"logits must be floating and target integer ids, got {logits.dtype} and {target.dtype}")
+    if logits.shape[:-1] != target.shape or logits.shape[-1] != vocab_size:
+        raise ValueError(
+            f"logits {shape_of(logits)} must be target {shape_of(target)} plus a last axis of vocab_size={vocab_size}"
+        )
+
+
 def check_features(x: Tensor, name: str, d_model: int, ndim: int = 3) -> None:
     """``x`` must be a floating tensor ``(batch, seq, d_model)`` with batch and seq > 0."""
     require_tensor(x, name)
@@ -132,11 +154,13 @@ def check_attention(
 
 
 def check_heads_input(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, d_model: int, num_heads: int, past: int = 0
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, d_model: int, num_heads: int, cache: object = None
 ) -> None:
     """The inputs of multi-head attention: ``query (B, q_len, d_model)``, ``key`` and ``value
     (B, k_len, d_model)``, ``mask`` broadcastable to ``(B, q_len, past + k_len)`` or, with the
-    head axis, ``(B, num_heads, q_len, past + k_len)``; ``past`` positions come from a cache."""
+    head axis, ``(B, num_heads, q_len, past + k_len)``, where ``past`` positions come from a
+    self-attention ``cache`` (a ``KVCache``; a static one, of cross-attention, adds none)."""
+    past = cache.length if cache is not None and not cache.static else 0
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         check_features(tensor, name, d_model)
     if key.shape[:2] != value.shape[:2]:
@@ -151,9 +175,19 @@ def check_heads_input(
     check_mask(mask, "mask", target, query.device)
 
 
-def check_target(tgt: Tensor, memory: Tensor, past: int, vocab_size: int, max_len: int) -> None:
+def check_target(
+    tgt: Tensor,
+    memory: Tensor,
+    past: int,
+    vocab_size: int,
+    max_len: int,
+    src_mask: Tensor | None = None,
+    tgt_mask: Tensor | None = None,
+) -> None:
     """The decoder's input: ids ``tgt (batch, new)`` in the vocabulary, that with ``past`` cached
-    positions stay within ``max_len``, for a ``memory (batch, src_len, d_model)`` of the same batch."""
+    positions stay within ``max_len``, for a ``memory (batch, src_len, d_model)`` of the same
+    batch; ``src_mask`` broadcastable to ``(batch, new, src_len)``, ``tgt_mask`` to
+    ``(batch, new, past + new)``."""
     check_tokens(tgt, "tgt", vocab_size)
     if past + tgt.shape[1] > max_len:
         raise ValueError(
@@ -163,6 +197,9 @@ def check_target(tgt: Tensor, memory: Tensor, past: int, vocab_size: int, max_le
     require_tensor(memory, "memory")
     if memory.dim() != 3 or tgt.shape[0] != memory.shape[0]:
         raise ValueError(f"tgt {shape_of(tgt)} and memory {shape_of(memory)} must have the same batch size")
+    batch, new = tgt.shape
+    check_mask(src_mask, "src_mask", (batch, new, memory.shape[1]), memory.device)
+    check_mask(tgt_mask, "tgt_mask", (batch, new, past + new), memory.device)
 
 
 def check_decoding(config: object, src: Tensor, max_len: int, bos_id: int, eos_id: int | None) -> None:

@@ -6,8 +6,8 @@ import copy
 
 from torch import Tensor, nn
 
-from .checks import check_features, check_positive
 from .attention import MultiHeadAttention
+from .checks import check_features, check_positive
 from .layers import FeedForward, final_norm, sublayer_connection
 
 

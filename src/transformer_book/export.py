@@ -205,8 +205,8 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
         encoder = EncoderGraph(model, spec["src_len"]).eval()
         decoder = DecoderGraph(model, spec["decoder_len"]).eval()
         memory = encoder(src).detach()
-        # Grad mode on, even inside a caller's no_grad: without it the attention takes an
-        # inference-only path (weights packed once and cached) that torch.export cannot trace.
+        # Grad mode on, even inside a caller's no_grad or inference mode: an accelerated model
+        # (appendix C) takes inference-only shortcuts there that torch.export cannot trace.
         with torch.enable_grad():
             _export_graph(encoder, (src,), ["src"], ["memory"], folder / ENCODER_FILE)
             _export_graph(decoder, (memory, src, tgt), ["memory", "src", "tgt"], ["logits", "cross_attention"],

@@ -107,7 +107,7 @@ class Transformer(nn.Module):
         check_tokens(src, "src", self.config.src_vocab_size, self.config.max_len)
         if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_id)
-        check_mask(src_mask, "src_mask", (src.shape[0], src.shape[1], src.shape[1]))
+        check_mask(src_mask, "src_mask", (src.shape[0], src.shape[1], src.shape[1]), src.device)
         return self.encoder(self.positional(self.src_embed(src)), src_mask)
 
     def decode(
@@ -130,7 +130,8 @@ class Transformer(nn.Module):
         from the cache.
         """
         past = cache[0].self_attn.length if cache else 0
-        check_target(tgt, memory, past, self.config.tgt_vocab_size, self.config.max_len)
+        c = self.config
+        check_target(tgt, memory, past, c.tgt_vocab_size, c.max_len, src_mask, tgt_mask)
         new = tgt.shape[1]
         if tgt_mask is None and cache is None:
             tgt_mask = target_mask(tgt, self.config.pad_id)

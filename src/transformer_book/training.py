@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
-from .checks import check_positive, check_probability, shape_of
+from .checks import check_logits, check_positive, check_probability, check_smoothing, shape_of
 from .data import Batch
 from .inference import greedy_decode
 from .model import Transformer
@@ -29,9 +29,7 @@ class LabelSmoothingLoss(nn.Module):
 
     def __init__(self, vocab_size: int, smoothing: float = 0.1, pad_id: int = 0) -> None:
         super().__init__()
-        check_probability(smoothing, "smoothing")
-        if vocab_size < 3:
-            raise ValueError(f"vocab_size must be at least 3 (padding, the right token, another), got {vocab_size}")
+        check_smoothing(vocab_size, smoothing, pad_id)
         self.vocab_size, self.smoothing, self.pad_id = vocab_size, smoothing, pad_id
 
     def target_distribution(self, target: Tensor) -> Tensor:
@@ -43,11 +41,7 @@ class LabelSmoothingLoss(nn.Module):
         return dist.masked_fill((target == self.pad_id).unsqueeze(-1), 0.0)  # padding positions count for nothing
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        if logits.shape[:-1] != target.shape or logits.shape[-1] != self.vocab_size:
-            raise ValueError(
-                f"logits {shape_of(logits)} must be target {shape_of(target)} "
-                f"plus a last axis of vocab_size={self.vocab_size}"
-            )
+        check_logits(logits, target, self.vocab_size)
         log_probs = logits.float().log_softmax(dim=-1)
         per_position = -(self.target_distribution(target) * log_probs).sum(dim=-1)
         return per_position.sum() / (target != self.pad_id).sum().clamp(min=1)
@@ -137,15 +131,11 @@ def train_step(
     loss_scale: float = 1.0,
     bf16: bool = False,
 ) -> tuple[Tensor, float]:
-    """One step of teacher-forced training; returns ``(loss, lr)``, the loss detached.
-
-    Forward on ``batch`` (already on the model's device), the loss times ``loss_scale``
-    (the torchrun trainer uses it to weight each process's share), backward, the
-    gradient norm clipped to ``clip_norm`` if given, Adam's update, the schedule's step.
-    ``lr`` is the rate this update used. ``model`` may be wrapped (e.g. in DDP).
-    """
+    """One step of teacher-forced training on ``batch`` (on the model's device): forward, the
+    loss times ``loss_scale`` (torchrun's share per process), backward, the gradient norm
+    clipped to ``clip_norm`` if given, the update. Returns ``(loss detached, lr it used)``."""
     model.train()
-    with autocast(batch.src.device, bf16):
+    with torch.autocast(batch.src.device.type, torch.bfloat16, enabled=bf16):
         logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
     loss = loss_fn(logits, batch.tgt_out) * loss_scale
     optimizer.zero_grad(set_to_none=True)

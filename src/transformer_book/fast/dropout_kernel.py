@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from . import _native
 from ..checks import shape_of
+from . import _native
 
 SOURCE = Path(__file__).with_name("dropout_kernel.c")
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # as in the C file

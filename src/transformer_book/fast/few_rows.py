@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _native
 from ..checks import check_mask, shape_of
+from . import _native
 
 #: In inference mode, a product of at most this many rows runs here (when :func:`available`).
 #: Measured with ``benchmarks/bench_kernels.py`` on an AMD EPYC, it was 1.3 to 2.5 times as fast as

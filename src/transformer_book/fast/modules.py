@@ -104,8 +104,7 @@ class FastMultiHeadAttention(MultiHeadAttention):
         need_weights: bool = False,
         cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        past = cache.length if cache is not None and not cache.static else 0
-        check_heads_input(query, key, value, mask, self.d_model, self.num_heads, past)
+        check_heads_input(query, key, value, mask, self.d_model, self.num_heads, cache)
         if cache is not None and cache.static and cache.length:
             q, k, v = self.split_heads(self.q_proj(query)), cache.key, cache.value
         else:
