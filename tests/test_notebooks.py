@@ -24,14 +24,14 @@ from book_helpers import (
 
 TOC_NOTEBOOKS = toc_notebooks()
 
-# `%pip install ... "transformer-book[book] @ git+<url>"`: the URL after git+ (the book extra
-# brings the chart libraries the chapters draw with).
-PIP_GIT_URL = re.compile(r"""%pip\s+install\b.*?transformer-book\[book\]\s*@\s*git\+(?P<url>[^\s"'@#]+)""")
+# The URL the setup cell names once (`BOOK = "<url>"`) and installs from (`git+{BOOK}`).
+BOOK_URL = re.compile(r"""^BOOK = "(?P<url>[^"]+)"$""", re.MULTILINE)
 
 
 def _normalise_url(url: str) -> str:
     url = url.strip().rstrip("/")
     return url[:-4] if url.endswith(".git") else url
+
 
 
 def test_toc_and_chapters_folder_agree():
@@ -64,20 +64,27 @@ def test_notebooks_are_stored_without_outputs():
 
 @pytest.mark.parametrize("notebook", TOC_NOTEBOOKS)
 def test_setup_cell_installs_from_the_book_repository(notebook):
-    url = _normalise_url(load_config()["repository"]["url"])
+    """The second cell is the one install cell (scripts/install_cell.py): it installs the package
+    with its `book` extra from _config.yml's repository URL unless the package and every module of
+    the extra can be found (a reader with the package but not the extra gets the extra)."""
+    import sys
+
+    sys.path.insert(0, str(BOOK_ROOT / "scripts"))
+    from install_cell import INSTALL_CELL
+
     nb = nbformat.read(BOOK_ROOT / notebook, as_version=4)
-    assert len(nb.cells) >= 2, f"{notebook}: expected a title cell and a setup cell"
-    setup = nb.cells[1]
-    assert setup.cell_type == "code", f"{notebook}: the second cell must be the setup (code) cell"
-    src = setup.source
-    assert "import transformer_book" in src and "except ImportError" in src, (
-        f"{notebook}: the setup cell must try `import transformer_book` and install on ImportError:\n{src}"
-    )
-    found = PIP_GIT_URL.findall(src)
-    assert found, f'{notebook}: no `%pip install "transformer-book[book] @ git+URL"` in the setup cell:\n{src}'
-    assert {_normalise_url(u) for u in found} == {url}, (
-        f"{notebook}: setup cell installs from {found}, but _config.yml repository.url is {url}"
-    )
+    assert len(nb.cells) >= 2 and nb.cells[1].cell_type == "code", f"{notebook}: the second cell must be setup code"
+    assert nb.cells[1].source == INSTALL_CELL, f"{notebook}: run scripts/install_cell.py"
+    url = _normalise_url(load_config()["repository"]["url"])
+    assert [_normalise_url(u) for u in BOOK_URL.findall(INSTALL_CELL)] == [url]
+    assert '%pip install --quiet "transformer-book[book] @ git+{BOOK}"' in INSTALL_CELL
+    import tomllib
+
+    extra = tomllib.loads((BOOK_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["book"]
+    modules = {re.split(r"[<>=!~ ;\[]", requirement)[0].replace("-", "_") for requirement in extra}
+    checked = set(re.findall(r'"(\w+)"', INSTALL_CELL))
+    assert modules | {"transformer_book"} <= checked, f"the install cell does not check {modules - checked}"
+
 
 
 @pytest.fixture(scope="module")
