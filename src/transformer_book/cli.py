@@ -46,7 +46,7 @@ import random
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,15 +55,15 @@ import torch
 import torch.distributed as dist
 from numpy import uint64
 from numpy.random import SeedSequence
-from torch import Tensor, nn
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
-from .data import Batch, CopyTask, DateTask
+from .data import Batch
 from .model import ModelConfig, Transformer, make_model
-from .recipes import RECIPES, Recipe
+from .recipes import RECIPES, Recipe, Task, held_out_accuracy
 from .runtime import get_device
-from .training import LabelSmoothingLoss, autocast, exact_match, noam_optimizer, train_step, weight_average
+from .training import LabelSmoothingLoss, noam_optimizer, train_step, weight_average
 
 TASKS = tuple(RECIPES)
 
@@ -296,36 +296,10 @@ def derive_seed(*numbers: int) -> int:
 # --- tasks ---------------------------------------------------------------------------------
 
 
-@dataclass
-class TaskData:
-    """What the loop needs from a task: vocabulary sizes, a global batch per step, and a held-out set."""
-
-    src_vocab_size: int
-    tgt_vocab_size: int
-    global_batch: Callable[[int], Batch]  # step → the whole global batch of that step
-    eval_src: Tensor
-    eval_tgt: Tensor  # BOS first
-    bos_id: int
-    eos_id: int | None
-    pad_id: int
-
-
-def make_task(name: str, batch_size: int, seed: int, eval_size: int | None) -> TaskData:
-    """The recipe's task (copy or French dates) with its held-out set drawn from ``seed``.
-
-    The batch of step ``s`` is drawn from a generator seeded by ``(seed, s)`` only.
-    """
-    task: CopyTask | DateTask = RECIPES[name].make_task(seed)
-
-    def global_batch(step: int) -> Batch:
-        return task.train_batch(batch_size, random.Random(derive_seed(seed, step)))
-
-    src, tgt = task.test_set()
-    if eval_size is not None:
-        src, tgt = src[:eval_size], tgt[:eval_size]
-    return TaskData(
-        task.src_vocab_size, task.tgt_vocab_size, global_batch, src, tgt, task.bos_id, task.eos_id, task.pad_id
-    )
+def global_batch(task: Task, batch_size: int, seed: int, step: int) -> Batch:
+    """The whole global batch of ``step``, drawn from a generator seeded by ``(seed, step)`` only,
+    so every rank draws the same one and a resumed run draws what the first run would have."""
+    return task.train_batch(batch_size, random.Random(derive_seed(seed, step)))
 
 
 def shard(batch: Batch, rank: int, world_size: int, pad_id: int) -> Batch:
@@ -448,10 +422,11 @@ def rank_loss_scale(part: Batch, global_tokens: int, world_size: int) -> float:
     return part.num_tokens / global_tokens * world_size
 
 
-def evaluate(model: Transformer, data: TaskData, device: torch.device, bf16: bool) -> float:
-    """Exact-match accuracy of greedy decoding on the held-out set (run by rank 0 on the bare model)."""
-    with autocast(device, bf16):
-        return exact_match(model, data.eval_src, data.eval_tgt, data.bos_id, data.eos_id)
+def evaluate(model: Transformer, task: Task, eval_size: int | None, device: torch.device, bf16: bool) -> float:
+    """Exact-match accuracy of greedy decoding on the held-out set, or its first ``eval_size`` pairs
+    (run by rank 0 on the bare model)."""
+    with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+        return held_out_accuracy(model, task, eval_size)
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -462,8 +437,8 @@ def emit(record: dict[str, Any]) -> None:
 
 def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
     """The training loop; returns the last metrics record (every rank computes the loss)."""
-    data = make_task(args.task, args.batch_size, args.seed, args.eval_size)
-    config = model_config(args, data.src_vocab_size, data.tgt_vocab_size)
+    task = RECIPES[args.task].make_task(args.seed)
+    config = model_config(args, task.src_vocab_size, task.tgt_vocab_size)
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = make_model(config).to(rt.device)
     total_steps = args.steps if args.taper else None
@@ -499,7 +474,7 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
         unit="step",
     )
     for step in bar:
-        full = data.global_batch(step)  # identical on every rank
+        full = global_batch(task, args.batch_size, args.seed, step)  # identical on every rank
         part = shard(full, rt.rank, rt.world_size, config.pad_id).to(rt.device)
         torch.manual_seed(derive_seed(args.seed, step, rt.rank))  # this rank's dropout for this step
         # DDP all-reduces (averages) the gradients during backward; the scale makes that average
@@ -521,7 +496,7 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
             if rt.is_main:
                 elapsed = elapsed_before + time.perf_counter() - started
                 scored = model if averaged is None else averaged.module  # the recipe scores the average
-                record["exact_match"] = evaluate(scored, data, rt.device, args.bf16)
+                record["exact_match"] = evaluate(scored, task, args.eval_size, rt.device, args.bf16)
                 record.update(elapsed_s=round(elapsed, 3), world_size=rt.world_size)
                 emit(record)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['exact_match']:.3f}")

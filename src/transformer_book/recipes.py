@@ -109,9 +109,11 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def held_out_accuracy(model: Transformer, task: Task) -> float:
-    """Exact match of greedy decoding on ``task``'s held-out set."""
+def held_out_accuracy(model: Transformer, task: Task, limit: int | None = None) -> float:
+    """Exact match of greedy decoding on ``task``'s held-out set (its first ``limit`` pairs if given)."""
     src, tgt = task.test_set()
+    if limit is not None:
+        src, tgt = src[:limit], tgt[:limit]
     return exact_match(model, src, tgt, bos_id=task.bos_id, eos_id=task.eos_id)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -113,11 +112,6 @@ def weight_average(model: Transformer, decay: float) -> AveragedModel:
     """
     check_probability(decay, "decay")
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
-
-
-def autocast(device: torch.device, bf16: bool) -> AbstractContextManager:
-    """bfloat16 autocast on ``device`` when ``bf16``, else nothing."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
 
 def train_step(
