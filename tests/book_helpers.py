@@ -199,3 +199,97 @@ def watch_page(page) -> PageWatch:
     page.on("response", lambda r: watch.failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
     page.on("requestfailed", local_failure)
     return watch
+
+
+# --------------------------------------------------------------------------- code that fits, progress bars
+
+# The window the book's code must fit: a laptop's 1280 x 900 (_static/page-fit.css lays the page out for it).
+FIT_VIEWPORT = {"width": 1280, "height": 900}
+# Pixels a code block may be wider than its column before it counts as cut off (rounding).
+FIT_SLACK_PX = 2
+# One drawing of a progress bar, as tqdm writes it: "training:  45%|████▌     | 450/1000 [...]",
+# or a bar of block characters between pipes without a percentage. A JavaScript regular expression.
+PROGRESS_LINE = r"\d{1,3}%\||\|[\u2588-\u258F#\s]*[\u2588-\u258F][\u2588-\u258F#\s]*\|"
+
+
+def chapter_line_length(root: Path = BOOK_ROOT) -> int:
+    """The chapters' code width in characters (``line-length`` of chapters/ruff.toml)."""
+    text = (root / "chapters" / "ruff.toml").read_text(encoding="utf-8")
+    match = re.search(r"^line-length\s*=\s*(\d+)", text, flags=re.MULTILINE)
+    assert match, "chapters/ruff.toml sets no line-length"
+    return int(match.group(1))
+
+
+# Measures a loaded page's article in one call: every code block that is not a cell's output
+# (code cell inputs, literalinclude listings, code fences), and every cell output. Folded code
+# (hide-input cells, solutions) is unfolded first, as a reader would. Returns the window's
+# width, how many code blocks and cell inputs there are, how many characters the first cell
+# input's column holds, the blocks wider than their column (index among the page's code
+# blocks, kind, widths, first line too long for the column) and the outputs that hold more
+# than one drawing of a progress bar.
+FIT_JS = """
+({slack, progress}) => {
+  const article = document.querySelector('article.bd-article') || document.body;
+  article.querySelectorAll('details').forEach(d => { d.open = true; });
+  article.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
+  const ctx = document.createElement('canvas').getContext('2d');
+  const font = el => {
+    const s = getComputedStyle(el);
+    return `${s.fontStyle} ${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+  };
+  const room = pre => {
+    const s = getComputedStyle(pre);
+    return pre.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+  };
+  const blocks = Array.from(article.querySelectorAll('pre')).filter(p => !p.closest('.cell_output'));
+  const inputs = blocks.filter(p => p.closest('.cell_input'));
+  let columns = null;
+  if (inputs.length) {
+    ctx.font = font(inputs[0]);
+    columns = room(inputs[0]) / ctx.measureText('x'.repeat(100)).width * 100;
+  }
+  const overflowing = [];
+  blocks.forEach((pre, index) => {
+    if (pre.scrollWidth <= pre.clientWidth + slack) return;
+    ctx.font = font(pre);
+    const lines = pre.textContent.replace(/\\n$/, '').split('\\n');
+    const widths = lines.map(line => ctx.measureText(line).width);
+    let at = widths.findIndex(w => w > room(pre) + slack);
+    if (at < 0) at = widths.indexOf(Math.max(...widths));
+    overflowing.push({index, kind: pre.closest('.cell_input') ? 'input' : 'listing',
+                      scrollWidth: pre.scrollWidth, clientWidth: pre.clientWidth,
+                      line_no: at + 1, chars: lines[at].length, line: lines[at]});
+  });
+  const bar = new RegExp(progress);
+  const outputs = Array.from(article.querySelectorAll('.cell_output > *'));
+  const redraws = [];
+  outputs.forEach((out, index) => {
+    const lines = out.textContent.split(/[\\r\\n]+/).filter(line => bar.test(line));
+    if (lines.length > 1) redraws.push({output: index, lines: lines.length,
+                                        first: lines[0].trim(), last: lines[lines.length - 1].trim()});
+  });
+  return {width: window.innerWidth, blocks: blocks.length, inputs: inputs.length, outputs: outputs.length,
+          columns, overflowing, redraws};
+}
+"""
+
+
+def measure_fit(page) -> dict:
+    """Run :data:`FIT_JS` on a loaded Playwright ``page`` (sized :data:`FIT_VIEWPORT`)."""
+    return page.evaluate(FIT_JS, {"slack": FIT_SLACK_PX, "progress": PROGRESS_LINE})
+
+
+def fit_problems(name: str, fit: dict) -> list[str]:
+    """What :func:`measure_fit` found wrong on page ``name``, one line each (empty: all good)."""
+    problems = [
+        f"{name}: code block {o['index']} ({o['kind']}) is cut off at {FIT_VIEWPORT['width']} px "
+        f"({o['scrollWidth']} px of code in {o['clientWidth']} px): line {o['line_no']}, "
+        f"{o['chars']} characters: {o['line']!r}"
+        for o in fit["overflowing"]
+    ]
+    problems += [
+        f"{name}: cell output {r['output']} holds {r['lines']} drawings of a progress bar "
+        f"(one line is enough): first {r['first']!r}, last {r['last']!r}"
+        for r in fit["redraws"]
+    ]
+    return problems

@@ -1,4 +1,5 @@
-"""The built site: every page loads offline in headless Chromium and every chart draws.
+"""The built site: every page loads offline in headless Chromium and every chart draws; in a
+laptop's 1280 x 900 window no code is cut off and no output shows a progress bar line by line.
 
 Uses the session fixture `built_book` (tests/conftest.py). The HTML is served by a
 local http.server on 127.0.0.1; every request to any other host is aborted and
@@ -25,9 +26,14 @@ import pytest
 from book_helpers import (
     ALTAIR_DIV_SELECTOR,
     BOOK_ROOT,
+    FIT_VIEWPORT,
     MIMETYPE_FALLBACK_MARKERS,
     build_book,
+    chapter_line_length,
+    fit_problems,
+    measure_fit,
     page_names,
+    toc_notebooks,
     watch_page,
 )
 
@@ -44,6 +50,8 @@ CHROMIUM_ARGS = [
 ]
 MAX_PAGE_BYTES = int(1.5 * 1024 * 1024)
 PAGES = page_names()
+# The pages made from notebooks: each has code cells, so the fit check must find code on them.
+NOTEBOOK_PAGES = {name[: -len(".ipynb")] for name in toc_notebooks()}
 CHART_TIMEOUT_MS = 20_000
 
 
@@ -209,9 +217,10 @@ CHARTS_DRAWN_JS = """
 
 def check_page(browser, site: str, name: str) -> dict:
     """Open one built page offline and wait for its charts and its math; returns what the
-    page test checks: the page's watch record, each chart's state, the math, the chart
-    libraries' versions (on the first page and pages with charts, else None)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    page tests check: the page's watch record, each chart's state, the math, the chart
+    libraries' versions (on the first page and pages with charts, else None), and the
+    code blocks and outputs measured at a laptop's width (``fit``, last: it unfolds code)."""
+    context = browser.new_context(viewport=FIT_VIEWPORT, service_workers="block")
     page = context.new_page()
     watch = watch_page(page)
     try:
@@ -252,6 +261,7 @@ def check_page(browser, site: str, name: str) -> dict:
         if shots:
             Path(shots).mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(Path(shots) / (name.replace("/", "__") + ".png")), full_page=True)
+        report["fit"] = measure_fit(page)
     finally:
         context.close()
     return report
@@ -329,3 +339,54 @@ def test_page_loads_offline_and_charts_draw(name, page_checks, request):
         assert libs["vega"] and libs["vega"].split(".")[0] == alt.VEGA_VERSION.split(".")[0], libs
         assert libs["vegalite"] == alt.VEGALITE_VERSION, libs
         assert libs["embed"] and libs["embed"].split(".")[0] == alt.VEGAEMBED_VERSION.split(".")[0], libs
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_code_fits_a_laptop_and_progress_bars_are_one_line(name, page_checks, request):
+    """At 1280 x 900 no code cell input or listing hides behind a scroll bar (outputs, such as
+    tables and tracebacks, may scroll), and no cell output shows a progress bar redrawn line
+    after line. Measured on the page load of the test above."""
+    fit = page_checks.result(name)["fit"]
+    if request.config.getoption("verbose") > 0:
+        print(f"{name}: {fit['blocks']} code blocks, {fit['columns']} characters wide, {fit['outputs']} outputs")
+    assert fit["width"] == FIT_VIEWPORT["width"], fit
+    if name in NOTEBOOK_PAGES:
+        assert fit["inputs"] > 0, f"{name}: no code cell inputs found; the fit check would pass without looking"
+        assert fit["columns"] >= chapter_line_length(), (
+            f"{name}: the code column holds {fit['columns']:.1f} characters at {FIT_VIEWPORT['width']} px, "
+            f"fewer than chapters/ruff.toml's line-length {chapter_line_length()}"
+        )
+    problems = fit_problems(name, fit)
+    assert not problems, "\n".join(problems)
+
+
+FIT_PROBE_HTML = """<!doctype html><html><body style="width: 400px"><article class="bd-article">
+<div class="cell_input"><pre style="font: 14px monospace">short = 1
+long_enough_to_be_cut_off = "{long}"</pre></div>
+<details><summary>hidden</summary><div class="cell_input"><pre style="font: 14px monospace">{long}</pre></div></details>
+<div class="highlight"><pre style="font: 14px monospace">fits()</pre></div>
+<div class="cell_output"><div class="output stderr"><pre>{bars}</pre></div>
+<div class="output text_plain"><pre>training: 200/200 steps in 1.0 s, loss 0.100</pre></div>
+<div class="output text_plain"><pre>{wide}</pre></div></div>
+</article></body></html>"""
+
+
+def test_fit_check_sees_cut_off_code_and_redrawn_bars(browser):
+    """The measurement itself, on a made-up page: it finds the cut-off input and the folded one,
+    names the first long line, leaves the fitting listing and a wide output alone, and counts
+    the redraws of a bar in one output (but not a one-line summary)."""
+    bars = "\n".join(f"training: {p:3d}%|{'█' * (p // 10):10s}| {p * 2}/200" for p in range(0, 101, 20))
+    html_text = FIT_PROBE_HTML.format(long="x" * 120, bars=bars, wide="y" * 300)
+    context = browser.new_context(viewport=FIT_VIEWPORT)
+    try:
+        page = context.new_page()
+        page.set_content(html_text)
+        fit = measure_fit(page)
+    finally:
+        context.close()
+    assert fit["blocks"] == 3 and fit["inputs"] == 2 and fit["outputs"] == 3, fit
+    assert [o["index"] for o in fit["overflowing"]] == [0, 1], fit
+    assert fit["overflowing"][0]["line_no"] == 2 and fit["overflowing"][0]["line"].startswith("long_enough"), fit
+    assert [(r["output"], r["lines"]) for r in fit["redraws"]] == [(0, 6)], fit
+    problems = fit_problems("probe", fit)
+    assert len(problems) == 3 and "line 2" in problems[0] and "6 drawings" in problems[2], problems
