@@ -139,8 +139,12 @@ def _load() -> ctypes.CDLL | None:
     library.relu_dropout_backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_float, ctypes.c_int]
     library.relu_dropout_backward.restype = None
     _library = library
-    if not _computes_correctly():
-        _library, _unavailable = None, f"{SOURCE.name} compiled here computes wrong masks"
+    try:
+        wrong = None if _computes_correctly() else "computes wrong masks"
+    except (RuntimeError, ValueError) as error:  # never left loaded without a passed self-test
+        wrong = f"failed its self-test: {error}"
+    if wrong is not None:
+        _library, _unavailable = None, f"{SOURCE.name} compiled here {wrong}"
     return _library
 
 
@@ -148,7 +152,7 @@ def _computes_correctly() -> bool:
     """The C kernel's outputs against PyTorch's operators on the same bits, for a length that
     ends in a partial word, with a seed whose top bit is set: dropout, ReLU then dropout, and
     the latter's gradient."""
-    x = torch.randn(1, 4099, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, 4099, generator=torch.Generator().manual_seed(0), dtype=torch.float32)  # any default dtype
     seed = 2**64 - 12345
     y = apply(x, 0.3, seed, relu=True)
     return (

@@ -189,8 +189,12 @@ def _load() -> ctypes.CDLL | None:
     )
     library.few_rows_attention.restype = None
     _library, _lanes = library, library.few_rows_lanes()
-    if not _computes_correctly():
-        _library, _unavailable = None, f"{SOURCE.name} compiled here computes wrong products"
+    try:
+        wrong = None if _computes_correctly() else "computes wrong products"
+    except (RuntimeError, ValueError) as error:  # never left loaded without a passed self-test
+        wrong = f"failed its self-test: {error}"
+    if wrong is not None:
+        _library, _unavailable = None, f"{SOURCE.name} compiled here {wrong}"
     return _library
 
 
@@ -198,14 +202,15 @@ def _computes_correctly() -> bool:
     """A small product with odd sizes (partial panel, row counts below and above a block)
     against PyTorch's, and each row equal to the row computed alone."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(13, 37, generator=generator)
-    bias = torch.randn(13, generator=generator)
-    x = torch.randn(11, 37, generator=generator)
+    f32 = torch.float32  # whatever the default dtype
+    weight = torch.randn(13, 37, generator=generator, dtype=f32)
+    bias = torch.randn(13, generator=generator, dtype=f32)
+    x = torch.randn(11, 37, generator=generator, dtype=f32)
     with torch.inference_mode():
         panels = pack(weight)
         y = product(x, panels, bias, 13)
         alone = torch.cat([product(row[None], panels, bias, 13) for row in x])
-        q, k, v = (torch.randn(3, 2, length, 9, generator=generator) for length in (1, 5, 5))
+        q, k, v = (torch.randn(3, 2, length, 9, generator=generator, dtype=f32) for length in (1, 5, 5))
         mask = torch.rand(3, 1, 1, 5, generator=generator) > 0.5
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).nan_to_num(0.0).transpose(1, 2)
         return (

@@ -131,7 +131,16 @@ def applies_to(*tensors: Tensor | None) -> bool:
 
 
 def _onednn_eligible(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    return applies_to(x, weight, bias) and x.dim() >= 2 and _onednn_available()
+    """Whether oneDNN computes ``F.linear(x, weight, bias)``: it reads a bias as ``out_features``
+    contiguous floats (a strided, broadcast or scalar one would be read wrongly), and only
+    ``F.linear``'s usual shapes; anything else stays with PyTorch."""
+    return (
+        applies_to(x, weight, bias)
+        and x.dim() >= 2
+        and weight.dim() == 2
+        and (bias is None or (bias.shape == weight.shape[:1] and bias.is_contiguous()))
+        and _onednn_available()
+    )
 
 
 def _macs(x: Tensor, weight: Tensor) -> int:

@@ -62,6 +62,17 @@ class FastMultiHeadAttention(MultiHeadAttention):
 
     stacked: dict[str, tuple]  # "qkv"/"kv" → (stamp, weight, bias, PackedWeight)
 
+    def __getstate__(self) -> dict:
+        """Copies and saved models leave the stacked weights behind: they are derived from the
+        weights, and their stamps name this process's memory."""
+        state = super().__getstate__()
+        state.pop("stacked", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.stacked = {}
+
     def projections(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The three projections; inputs that are one tensor go through one wider product (stacked
         weights, as ``nn.MultiheadAttention``'s ``in_proj_weight``): the same numbers, faster."""
@@ -194,6 +205,17 @@ class FastTransformer(Transformer):
     only valid while the weights stay as they are."""
 
     plans: weakref.WeakKeyDictionary  # LayerCache of layer 0 → (rows, [DecodingPlan per layer])
+
+    def __getstate__(self) -> dict:
+        """Copies and saved models leave the plans behind (a weak dictionary cannot be pickled,
+        and a plan serves only the caches of this model)."""
+        state = super().__getstate__()
+        state.pop("plans", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.plans = weakref.WeakKeyDictionary()
 
     def decode(
         self,
