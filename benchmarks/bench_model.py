@@ -1,21 +1,26 @@
-"""One training step and one eval forward: this package against PyTorch's nn.Transformer.
+"""One training step and one eval forward: the package's model against PyTorch's nn.Transformer.
 
-Both models compute the same function: the nn.Transformer gets PyTorch's own
-encoder and decoder layers holding a copy of our weights, between embeddings,
-positional encoding and an output layer of its own (a copy of ours). Both train with
-the book's Adam (``tb.noam_optimizer``: PyTorch's fused Adam), dropout 0.1, in train
-mode. A third copy of our model runs on PyTorch's own kernels
-(``tb.kernels.pytorch_kernels()``) instead of the package's CPU kernels, to show how
-much of the difference the kernels make. The achieved GFLOP/s is printed
-next to a plain matmul's, measured in the same run: on a CPU the faster of PyTorch's two
-matrix libraries at 2048², MKL (``a @ b``) and oneDNN, since the package computes with
-oneDNN and MKL is the slower of the two on some CPUs (a share of MKL's alone could then
-pass 100%).
+Three models compute the same function with the same weights, in the same run:
+
+- ``plain``: the model the chapters teach, plain PyTorch (``nn.Linear``, ``nn.Dropout``, the
+  attention formula or ``F.scaled_dot_product_attention``);
+- ``ours``: the same model after ``transformer_book.fast.accelerate(model)``, on the speed
+  wing's CPU kernels (appendix C);
+- ``theirs``: PyTorch's ``nn.Transformer``, its encoder and decoder layers holding a copy of
+  our weights, between embeddings, positional encoding and an output layer of its own (a copy
+  of ours).
+
+All three train with the book's Adam (``tb.noam_optimizer``: PyTorch's fused Adam), dropout
+0.1, in train mode, each with weights and optimiser state of its own. The achieved GFLOP/s is
+printed next to a plain matmul's, measured in the same run: on a CPU the faster of PyTorch's two
+matrix libraries at 2048², MKL (``a @ b``) and oneDNN, since the wing computes with oneDNN and
+MKL is the slower of the two on some CPUs (a share of MKL's alone could then pass 100%).
 
 How it is timed, so that the ratio means what it says: the models take turns, in the
 order A B C C B A, step after step, so a slow drift of the machine (these are shared
-machines) and the order itself hit all alike; the ratio reported is the median over
-rounds of (ours / theirs) within the round, with the lowest and highest round beside it.
+machines) and the order itself hit all alike; each ratio reported is the median over
+rounds of (model / nn.Transformer) within the round, with the lowest and highest round beside
+it: ``ratio`` for ``ours`` (accelerated), ``plain_ratio`` for the plain model.
 The paper's base sizes with a vocabulary of 1,000 (a vocabulary of 37,000 would make
 the one identical output layer dominate both times).
 
@@ -28,7 +33,7 @@ Only the default run writes the results file that appendix C shows.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import copy
 import dataclasses
 import statistics
 import time
@@ -41,7 +46,16 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_book as tb
+from transformer_book import fast
+from transformer_book.fast import kernels
 from transformer_book.parity import to_pytorch
+
+#: What each name in the results stands for (written into the results file).
+CONTENDERS = {
+    "ours": "the package's model after transformer_book.fast.accelerate(model): the wing's CPU kernels",
+    "plain": "the package's model as the chapters teach it: plain PyTorch",
+    "theirs": "torch.nn.Transformer holding the same weights",
+}
 
 
 class PyTorchTransformer(nn.Module):
@@ -74,14 +88,11 @@ def flops(fn) -> int:
 
 def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, repeats: int) -> list[dict]:
     tb.seed_everything(0)
-    ours = tb.make_model(config).to(device)
-    theirs = PyTorchTransformer(ours).to(device)
-    # Separate weights for each so that their optimisers do not share state.
-    theirs.ours = tb.make_model(config).to(device)
-    theirs.ours.load_state_dict(ours.state_dict())
-    # The package's model on PyTorch's own kernels: how much of the difference is the kernels'.
     plain = tb.make_model(config).to(device)
-    plain.load_state_dict(ours.state_dict())
+    ours = fast.accelerate(copy.deepcopy(plain))  # the same weights, on the wing's kernels
+    theirs = PyTorchTransformer(plain).to(device)
+    # Separate weights for each so that their optimisers do not share state.
+    theirs.ours = copy.deepcopy(plain)
 
     src = torch.randint(1, config.src_vocab_size, (batch, length), device=device)
     tgt = torch.randint(1, config.tgt_vocab_size, (batch, length + 1), device=device)
@@ -91,18 +102,14 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
     # The book's optimiser for all three (noam_optimizer: PyTorch's fused Adam where it runs).
     optimisers = {name: tb.noam_optimizer(model, config.d_model, warmup=4000)[0] for name, model in models.items()}
 
-    def kernels(name):
-        return tb.kernels.pytorch_kernels() if name == "plain" else contextlib.nullcontext()
-
     def train_step(name):
         model = models[name]
 
         def step():
             model.train()
             optimisers[name].zero_grad(set_to_none=True)
-            with kernels(name):
-                logits = model(src, tgt_in, src_mask, tgt_mask)
-                F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).backward()
+            logits = model(src, tgt_in, src_mask, tgt_mask)
+            F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).backward()
             optimisers[name].step()
 
         return step
@@ -113,20 +120,20 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
         @torch.inference_mode()
         def forward():
             model.eval()
-            with kernels(name):
-                model(src, tgt_in, src_mask, tgt_mask)
+            model(src, tgt_in, src_mask, tgt_mask)
 
         return forward
 
-    # Same outputs first: a benchmark of two different computations would mean nothing.
-    ours.eval(), theirs.eval()
+    # Same outputs first: a benchmark of different computations would mean nothing.
+    for model in models.values():
+        model.eval()
     with torch.no_grad():
-        torch.testing.assert_close(
-            ours(src, tgt_in, src_mask, tgt_mask), theirs(src, tgt_in, src_mask, tgt_mask), atol=1e-4, rtol=1e-4
-        )
+        expected = theirs(src, tgt_in, src_mask, tgt_mask)
+        for name in ("ours", "plain"):
+            torch.testing.assert_close(models[name](src, tgt_in, src_mask, tgt_mask), expected, atol=1e-4, rtol=1e-4)
 
-    train_flops = flops(train_step("ours"))  # under FlopCounterMode ours run aten's own ops
-    eval_flops = flops(eval_forward("ours"))
+    train_flops = flops(train_step("plain"))  # the same computation for all three
+    eval_flops = flops(eval_forward("plain"))
     train = paired_ratios({name: train_step(name) for name in models}, device, repeats)
     evals = paired_ratios({name: eval_forward(name) for name in models}, device, repeats)
 
@@ -139,11 +146,12 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
             "device": device.type, "what": label, "ours_ms": times["ours"] * 1e3, "theirs_ms": times["theirs"] * 1e3,
             "ratio": times["ratio"], "ratio_min": times["ratio_min"], "ratio_max": times["ratio_max"],
             "plain_ms": times["plain"] * 1e3, "plain_ratio": times["plain_ratio"],
+            "plain_ratio_min": times["plain_ratio_min"], "plain_ratio_max": times["plain_ratio_max"],
             "gflop": work / 1e9, "ours_gflops": work / times["ours"] / 1e9,
-            "theirs_gflops": work / times["theirs"] / 1e9,
+            "plain_gflops": work / times["plain"] / 1e9, "theirs_gflops": work / times["theirs"] / 1e9,
             "matmul_gflops": matmuls[best], "matmul_library": best,
             **{f"matmul_{name}_gflops": value for name, value in matmuls.items()},
-            "tokens_per_s": batch * length / times["ours"],
+            "tokens_per_s": batch * length / times["ours"], "plain_tokens_per_s": batch * length / times["plain"],
         })  # fmt: skip
     return rows
 
@@ -151,14 +159,14 @@ def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, r
 def matmul_gflops(device: torch.device, repeats: int) -> dict[str, float]:
     """GFLOP/s of one large matrix product (2048² on a CPU, 8192² on a GPU), the reference for
     the model's: on a CPU both libraries PyTorch ships, ``a @ b`` (MKL) and oneDNN (the
-    package's ``kernels.linear``, which does its products), since either may be the faster on
+    wing's ``kernels.affine``, which does its products), since either may be the faster on
     a given CPU (MKL is slow on some AMD parts); on a GPU ``a @ b``."""
     n = 2048 if device.type == "cpu" else 8192
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     fns = {"mkl" if device.type == "cpu" else device.type: lambda: a @ b}
-    if device.type == "cpu" and tb.kernels.applies_to(a):
-        b_t = b.t().contiguous()  # linear multiplies by the transpose of its weight
-        fns["onednn"] = lambda: tb.kernels.linear(a, b_t)
+    if device.type == "cpu" and kernels.applies_to(a):
+        b_t = b.t().contiguous()  # affine multiplies by the transpose of its weight
+        fns["onednn"] = lambda: kernels.affine(a, b_t)
     times = interleaved_medians(fns, device, repeats)
     return {name: 2 * n**3 / seconds / 1e9 for name, seconds in times.items()}
 
@@ -207,22 +215,24 @@ def main() -> None:
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     rows = [row for device in devices for row in run(device, config, args.batch, args.length, args.repeats)]
     size = "small" if args.small else "base"
-    title = (f"transformer_book vs nn.Transformer — {size} sizes, vocabulary {args.vocab}, "
-             f"batch {args.batch} x {args.length} tokens, float32, {args.repeats} rounds of A B C C B A")  # fmt: skip
+    title = (f"transformer_book (plain, and accelerated by fast.accelerate) vs nn.Transformer — {size} sizes, "
+             f"vocabulary {args.vocab}, batch {args.batch} x {args.length} tokens, float32, "
+             f"{args.repeats} rounds of A B C C B A")  # fmt: skip
     print_table(
         f"{title}\n{machine()}",
-        ["what", "ours ms", "nn.Transformer ms", "ratio (median, min-max)", "ours on PyTorch's kernels: ratio",
-         "GFLOP", "ours GFLOP/s", "theirs GFLOP/s", "matmul GFLOP/s (faster library)", "ours / matmul"],
-        [[f"{r['device']}: {r['what']}", f"{r['ours_ms']:.1f}", f"{r['theirs_ms']:.1f}",
-          f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})", f"{r['plain_ratio']:.3f}",
-          f"{r['gflop']:.1f}",
-          f"{r['ours_gflops']:.1f}",
-          f"{r['theirs_gflops']:.1f}", f"{r['matmul_gflops']:.1f} ({r['matmul_library']})",
-          f"{r['ours_gflops'] / r['matmul_gflops']:.0%}"]
+        ["what", "accelerated ms", "plain ms", "nn.Transformer ms", "accelerated / nn.Transformer (median, min-max)",
+         "plain / nn.Transformer (median, min-max)", "GFLOP", "accelerated GFLOP/s", "plain GFLOP/s",
+         "nn.Transformer GFLOP/s", "matmul GFLOP/s (faster library)", "accelerated / matmul"],
+        [[f"{r['device']}: {r['what']}", f"{r['ours_ms']:.1f}", f"{r['plain_ms']:.1f}", f"{r['theirs_ms']:.1f}",
+          f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})",
+          f"{r['plain_ratio']:.3f} ({r['plain_ratio_min']:.3f}-{r['plain_ratio_max']:.3f})",
+          f"{r['gflop']:.1f}", f"{r['ours_gflops']:.1f}", f"{r['plain_gflops']:.1f}", f"{r['theirs_gflops']:.1f}",
+          f"{r['matmul_gflops']:.1f} ({r['matmul_library']})", f"{r['ours_gflops'] / r['matmul_gflops']:.0%}"]
          for r in rows],
     )  # fmt: skip
     if vars(args) == vars(parser.parse_args([])):  # appendix C reads the default run only
-        write_results("model", {"title": title, "config": dataclasses.asdict(config), "rows": rows})
+        write_results("model", {"title": title, "config": dataclasses.asdict(config), "contenders": CONTENDERS,
+                                "wing": fast.status(), "rows": rows})  # fmt: skip
 
 
 if __name__ == "__main__":

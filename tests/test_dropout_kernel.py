@@ -1,24 +1,36 @@
-"""Dropout in one pass (transformer_book.dropout_kernel): the C kernel and PyTorch's operators
-give the same bits, the drop rate is p on every lane, backward recomputes the same mask, and
-without a compiler the results are the same."""
+"""Dropout in one pass (transformer_book.fast.dropout_kernel): the C kernel and PyTorch's
+operators give the same bits, the drop rate is p on every lane, backward recomputes the same mask,
+and without a compiler the results are the same (PyTorch's integer operators compute the bits:
+every test but the first passes without one)."""
 
 from __future__ import annotations
+
+import os
+import shutil
 
 import pytest
 import torch
 
 import transformer_book as tb
-from transformer_book import dropout_kernel, kernels
+from transformer_book import fast
+from transformer_book.fast import dropout_kernel, kernels
+from transformer_book.fast.modules import FastFeedForward, FastMultiHeadAttention
 
 
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CC") or "cc") is None,
+    reason="no C compiler ($CC, else cc): dropout computes its masks with PyTorch's operators here",
+)
 def test_it_compiles_and_loads_here() -> None:
-    """CI's machines have a C compiler: the kernel must be there, not silently replaced."""
+    """Where there is a compiler the kernel must be there, not silently replaced."""
     assert dropout_kernel.available(), dropout_kernel.unavailable_reason()
+    assert fast.status()["dropout_kernel"] == "available"
 
 
 @pytest.mark.parametrize("shape", [(1,), (3,), (4,), (5, 7), (2, 3, 1029), (8, 64, 512)])
 @pytest.mark.parametrize("seed", [0, 1, 2**63 - 1, 2**64 - 1])
 def test_the_c_kernel_and_pytorchs_operators_agree_bit_for_bit(shape: tuple[int, ...], seed: int) -> None:
+    """apply() (the C kernel where it is available) is keep_mask()'s mask, PyTorch's operators."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape)))
     expected = x.mul(dropout_kernel.keep_mask(shape, 0.25, seed)).mul_(1 / 0.75)
     assert torch.equal(dropout_kernel.apply(x, 0.25, seed), expected)
@@ -26,10 +38,11 @@ def test_the_c_kernel_and_pytorchs_operators_agree_bit_for_bit(shape: tuple[int,
 
 def test_each_lane_drops_p_and_the_threads_do_not_matter() -> None:
     x = torch.ones(1 << 20)
-    with_two = dropout_kernel.apply(x, 0.1, 12345)
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
+        torch.set_num_threads(2)
+        with_two = dropout_kernel.apply(x, 0.1, 12345)
+        torch.set_num_threads(1)
         assert torch.equal(dropout_kernel.apply(x, 0.1, 12345), with_two)
     finally:
         torch.set_num_threads(before)
@@ -76,10 +89,11 @@ def test_relu_then_dropout_in_one_pass_is_the_two_steps(shape: tuple[int, ...]) 
 
 
 def test_feed_forward_in_training_equals_relu_then_dropout_forward_and_backward() -> None:
-    """FeedForward fuses ReLU and dropout in training on a CPU: same output and gradients as the
-    two modules one after the other, with the same random draws; no fusion where a hook watches
-    the dropout module, in eval mode or on PyTorch's kernels."""
-    ffn = tb.FeedForward(16, 64, dropout=0.2).train()
+    """The accelerated FeedForward fuses ReLU and dropout in training on a CPU: same output and
+    gradients as the two modules one after the other, with the same random draws; no fusion where
+    a hook watches the dropout module, in eval mode or on PyTorch's kernels."""
+    ffn = fast.accelerate(tb.FeedForward(16, 64, dropout=0.2).train())
+    assert type(ffn) is FastFeedForward
     x = torch.randn(3, 5, 16, requires_grad=True)
     torch.manual_seed(4)
     fused = ffn(x)
@@ -109,6 +123,13 @@ def test_bad_input_is_a_value_error() -> None:
         dropout_kernel.apply(torch.zeros(3), 1.0, 0)
     with pytest.raises(ValueError, match=r"grad and y must have the same shape, got grad \(2, 3\) and y \(3, 2\)"):
         dropout_kernel.relu_backward(torch.zeros(2, 3), torch.zeros(3, 2), 0.1)
+    needs_grad = torch.zeros(2, 3, requires_grad=True)  # the kernel has no backward: never drop a gradient
+    with pytest.raises(ValueError, match=r"x \(2, 3\) requires grad; use kernels.dropout, which carries it"):
+        dropout_kernel.apply(needs_grad, 0.1, 0)
+    with pytest.raises(ValueError, match=r"grad \(2, 3\) requires grad"):
+        dropout_kernel.relu_backward(needs_grad, torch.zeros(2, 3), 0.1)
+    with torch.no_grad():  # no gradient to lose
+        assert torch.equal(dropout_kernel.apply(needs_grad, 0.1, 0), torch.zeros(2, 3))
 
 
 def test_without_the_kernel_the_results_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,9 +155,10 @@ def test_without_the_kernel_the_results_are_the_same(monkeypatch: pytest.MonkeyP
 
 
 def test_attention_in_training_drops_weights_with_the_same_masks() -> None:
-    """On a CPU the model's attention computes its weights explicitly in training, and drops
-    them with the package's dropout: the output is softmax(QK^T/√d)·mask/(1-p) · V."""
-    attention = tb.MultiHeadAttention(32, 4, dropout=0.1).train()
+    """On a CPU the accelerated attention computes its weights explicitly in training, and drops
+    them with the wing's dropout: the output is softmax(QK^T/√d)·mask/(1-p) · V."""
+    attention = fast.accelerate(tb.MultiHeadAttention(32, 4, dropout=0.1).train())
+    assert type(attention) is FastMultiHeadAttention
     x = torch.randn(3, 6, 32)
     mask = tb.causal_mask(6)
     torch.manual_seed(11)

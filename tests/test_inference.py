@@ -1,14 +1,25 @@
-"""Decoding: the KV cache changes nothing but the speed; beam search is exact when the beam is wide."""
+"""Decoding: the KV cache changes nothing but the speed; beam search ranks by GNMT's length
+penalty with |y| counted right and is exact when the beam is wide; the accelerated model
+(``fast.accelerate``) decodes the very tokens of the plain one, its decoding plan bit for bit
+what its modules compute, and steps aside wherever something must watch the modules."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_book as tb
+from transformer_book import fast
+from transformer_book.fast import few_rows, kernels
+from transformer_book.fast.modules import DecodingPlan
 
 BOS, EOS = 1, 2
 
@@ -31,102 +42,59 @@ def source_batch() -> torch.Tensor:
     return src
 
 
-def wider_model(vocab: int, **sizes) -> tb.Transformer:
-    """A model wide enough that, at 6 rows, the few-row kernel computes some of a decoding
-    step's products (the packed q/k/v, the first feed-forward matrix) and MKL the others."""
+def make(width: str, vocab: int = 12, **sizes) -> tb.Transformer:
+    """A small-preset model, or a wider one (d_model 256, d_ff 1024) whose decoding steps of 6 to
+    16 rows send their products to the few-row kernel; sharpened logits (see ``model``)."""
+    tb.seed_everything(7)
     config = tb.ModelConfig.small(vocab, **sizes)
-    return tb.make_model(dataclasses.replace(config, d_model=128, d_ff=512)).eval()
+    if width == "wider":
+        config = dataclasses.replace(config, d_model=256, d_ff=1024)
+    model = tb.make_model(config).eval()
+    with torch.no_grad():
+        model.generator.weight.mul_(4.0)
+    return model
 
 
 def uses_the_few_row_kernel(model: tb.Transformer) -> bool:
     return "few rows" in repr(model.decoder.layers[0].feed_forward.linear1.packed)
 
 
+def smallest_margin(model: tb.Transformer, src: torch.Tensor, ys: torch.Tensor) -> float:
+    """The smallest gap between the best and the second-best logit over greedy's choices of
+    ``ys``: kernels that round differently can change a token only where this is about their
+    rounding (1e-5 here), so an example is fair only if it is far larger."""
+    with torch.inference_mode():
+        top2 = model(src, ys[:, :-1]).topk(2, dim=-1).values
+    chosen = ys[:, 1:] != model.config.pad_id
+    return float((top2[..., 0] - top2[..., 1])[chosen].min())
+
+
+@pytest.fixture
+def plan_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the decoding steps that run a DecodingPlan (one entry per layer and step)."""
+    calls: list[int] = []
+    step = DecodingPlan.step
+
+    def counted(self, layer, x, src_mask, cache):
+        calls.append(x.shape[0])
+        return step(self, layer, x, src_mask, cache)
+
+    monkeypatch.setattr(DecodingPlan, "step", counted)
+    return calls
+
+
+# --- the plain model's KV cache ---------------------------------------------------------------
+
+
 @pytest.mark.parametrize("width", ["small", "wider"])
-def test_kv_cache_gives_exactly_the_same_tokens(model, width):
-    if width == "wider":
-        tb.seed_everything(7)
-        model = wider_model(12, num_layers=2)
-        with torch.no_grad():
-            model.generator.weight.mul_(4.0)
+def test_kv_cache_gives_exactly_the_same_tokens(width):
+    model = make(width)
     src = source_batch()
     cached = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=True)
     recomputed = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=False)
     assert torch.equal(cached, recomputed)
     assert cached.shape[1] > 5  # long enough for the cache to matter
-    assert uses_the_few_row_kernel(model) == (width == "wider" and tb.few_rows.available())
-
-
-@pytest.mark.parametrize("width", ["small", "wider"])
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_decode_step_equals_decode_with_the_cache_bit_for_bit(norm_first, width):
-    """The fast step (a plan of bound kernels) and the module path give the very same numbers,
-    for both layer orders, with padding in the source, over steps that grow the cache's buffer,
-    with MKL's products alone (small) or the few-row kernel's among them (wider)."""
-    tb.seed_everything(5)
-    sizes = {"num_layers": 3, "norm_first": norm_first}
-    model = tb.make_model(tb.ModelConfig.small(30, **sizes)).eval() if width == "small" else wider_model(30, **sizes)
-    src = source_batch()
-    mask = tb.padding_mask(src, model.config.pad_id)
-    with torch.inference_mode(), tb.kernels.frozen_weights():
-        memory = model.encode(src, mask)
-        module_cache, step_cache = model.decoder.new_cache(), model.decoder.new_cache()
-        token = torch.full((src.shape[0], 1), BOS)
-        for _ in range(20):  # past the buffer's first 16 positions
-            expected = model.decode(memory, token, src_mask=mask, cache=module_cache)
-            hidden = model.decode_step(memory, token, src_mask=mask, cache=step_cache)
-            assert torch.equal(hidden, expected)
-            token = model.generator(hidden[:, -1]).argmax(-1, keepdim=True)
-        assert all(layer_cache.step_plan is not None for layer_cache in step_cache)  # the fast path ran
-        assert uses_the_few_row_kernel(model) == (width == "wider" and tb.few_rows.available())
-        for ours, theirs in zip(step_cache, module_cache):
-            assert torch.equal(ours.self_attn.key, theirs.self_attn.key)
-            assert torch.equal(ours.self_attn.value, theirs.self_attn.value)
-
-
-def test_decode_step_takes_the_module_path_where_the_fast_one_would_be_wrong(model):
-    src = source_batch()
-    token = torch.full((src.shape[0], 1), BOS)
-    with torch.inference_mode():
-        memory = model.encode(src)
-        cache = model.decoder.new_cache()
-        model.decode_step(memory, token, cache=cache)
-        model.decode_step(memory, token, cache=cache)  # outside frozen_weights(): no plan
-        assert cache[0].step_plan is None
-        with tb.kernels.frozen_weights(), tb.record_attention(model) as maps:
-            model.decode_step(memory, token, cache=cache)
-        assert cache[0].step_plan is None and maps["decoder.layers.0.cross_attn"].shape[-2:] == (1, src.shape[1])
-        with tb.kernels.frozen_weights():
-            model.decode_step(memory, token, cache=cache)
-            plan = cache[0].step_plan
-            assert plan is not None and plan.block == tb.kernels.frozen_block()
-        with tb.kernels.frozen_weights():  # a new block makes a new plan: the weights may have changed
-            model.decode_step(memory, token, cache=cache)
-            assert cache[0].step_plan is not plan and cache[0].step_plan.block == tb.kernels.frozen_block()
-    with pytest.raises(ValueError, match="tgt"):  # bad input still gets the module path's message
-        with torch.inference_mode(), tb.kernels.frozen_weights():
-            model.decode_step(memory, torch.full((src.shape[0], 1), 99), cache=cache)
-
-
-def test_record_attention_sees_every_step_of_greedy_decoding(model):
-    src = source_batch()[:1]
-    with tb.record_attention(model) as maps:
-        out = tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=None)
-    assert out.shape[1] == 12
-    assert maps["decoder.layers.1.self_attn"].shape == (1, 4, 1, 11)  # the last step saw all 11 positions
-
-
-def test_a_forward_hook_in_the_decoder_sees_every_step(model):
-    """Chapter 9 counts decoder positions with a hook: the fast step must not hide them."""
-    fed = []
-    hook = model.decoder.layers[1].feed_forward.register_forward_hook(lambda m, i, out: fed.append(out.shape[1]))
-    try:
-        tb.greedy_decode(model, source_batch(), max_len=10, bos_id=BOS, eos_id=None)
-    finally:
-        hook.remove()
-    assert fed == [1] * 9
-    with torch.inference_mode(), tb.kernels.frozen_weights():
-        assert not model._decoder_hooked()
+    assert not fast.is_accelerated(model)
 
 
 def test_greedy_rows_start_with_bos_and_stop_at_their_own_eos(model):
@@ -154,36 +122,14 @@ def test_greedy_matches_a_hand_written_argmax_loop(model):
     assert torch.equal(tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=EOS), ys)
 
 
-def test_beam_of_one_equals_greedy(model):
+@pytest.mark.parametrize("accelerated", [False, True])
+def test_beam_of_one_equals_greedy(model, accelerated):
+    if accelerated:
+        model = fast.accelerate(model)
     src = source_batch()
     greedy = tb.greedy_decode(model, src, max_len=30, bos_id=BOS, eos_id=EOS)
     beam = tb.beam_search(model, src, max_len=30, bos_id=BOS, eos_id=EOS, beam_size=1)
     assert torch.equal(beam, greedy)
-
-
-def sequence_log_prob(model, src, ys) -> float:
-    log_probs = model(src, ys[:, :-1]).log_softmax(-1)
-    return log_probs.gather(-1, ys[:, 1:].unsqueeze(-1)).sum().item()
-
-
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_wide_beam_finds_the_best_sequence_by_exhaustive_search(alpha):
-    tb.seed_everything(11)
-    model = tb.make_model(tb.ModelConfig.small(5, num_layers=1)).eval()
-    src = torch.tensor([[3, 4, 3]])
-    max_len = 4  # BOS + up to 3 tokens
-    best, best_score = None, float("-inf")
-    for length in range(1, max_len):
-        for body in itertools.product(range(5), repeat=length):
-            ended = body[-1] == EOS
-            if EOS in body[:-1] or (not ended and length < max_len - 1):
-                continue  # a hypothesis either ends with EOS or runs to max_len
-            ys = torch.tensor([[BOS, *body]])
-            score = sequence_log_prob(model, src, ys) / tb.length_penalty(torch.tensor(float(length)), alpha).item()
-            if score > best_score:
-                best, best_score = ys, score
-    found = tb.beam_search(model, src, max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=125, alpha=alpha)
-    assert torch.equal(found, best), (found, best)
 
 
 def test_beam_search_returns_valid_sequences(model):
@@ -191,3 +137,252 @@ def test_beam_search_returns_valid_sequences(model):
     out = tb.beam_search(model, src, max_len=25, bos_id=BOS, eos_id=EOS, beam_size=4)
     assert out.shape[0] == 6 and (out[:, 0] == BOS).all()
     assert (out != 0).any(dim=0)[-1]  # no all-padding column left at the end
+
+
+@pytest.mark.parametrize("accelerated", [False, True])
+def test_record_attention_sees_every_step_of_greedy_decoding(model, accelerated):
+    if accelerated:
+        model = fast.accelerate(model)
+    src = source_batch()[:1]
+    with tb.record_attention(model) as maps:
+        out = tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=None)
+    assert out.shape[1] == 12
+    assert maps["decoder.layers.1.self_attn"].shape == (1, 4, 1, 11)  # the last step saw all 11 positions
+
+
+@pytest.mark.parametrize("accelerated", [False, True])
+def test_a_forward_hook_in_the_decoder_sees_every_step(model, accelerated):
+    """Chapter 9 counts decoder positions with a hook: the wing's decoding plan must not hide them."""
+    if accelerated:
+        model = fast.accelerate(model)
+    fed = []
+    hook = model.decoder.layers[1].feed_forward.register_forward_hook(lambda m, i, out: fed.append(out.shape[1]))
+    try:
+        tb.greedy_decode(model, source_batch(), max_len=10, bos_id=BOS, eos_id=None)
+    finally:
+        hook.remove()
+    assert fed == [1] * 9
+
+
+# --- the accelerated model decodes the plain model's tokens -----------------------------------
+
+
+@pytest.mark.parametrize("width", ["small", "wider"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_accelerated_model_decodes_the_same_tokens(width, norm_first, plan_steps):
+    """Greedy decoding and beam search, with padding in the source: the accelerated copy's tokens
+    are the plain model's, and its cached steps after the first run the decoding plan (on the
+    few-row kernel for the wider model, where it is available)."""
+    plain = make(width, num_layers=2, norm_first=norm_first)
+    accelerated = fast.accelerate(copy.deepcopy(plain))
+    src = source_batch()
+    greedy = tb.greedy_decode(plain, src, max_len=30, bos_id=BOS, eos_id=EOS)
+    assert smallest_margin(plain, src, greedy) > 1e-3, "an example decided by rounding would prove nothing"
+    assert torch.equal(tb.greedy_decode(accelerated, src, max_len=30, bos_id=BOS, eos_id=EOS), greedy)
+    steps = greedy.shape[1] - 2  # the first step fills the cache through the modules
+    assert plan_steps == [6] * 2 * steps
+    assert uses_the_few_row_kernel(accelerated) == (width == "wider" and few_rows.available())
+    beam = tb.beam_search(plain, src, max_len=20, bos_id=BOS, eos_id=EOS, beam_size=2)
+    assert torch.equal(tb.beam_search(accelerated, src, max_len=20, bos_id=BOS, eos_id=EOS, beam_size=2), beam)
+    assert plan_steps[2 * steps :] and set(plan_steps[2 * steps :]) == {12}  # 6 sources x 2 beams
+
+
+@pytest.mark.parametrize("width", ["small", "wider"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_plan_is_the_module_path_bit_for_bit(width, norm_first, plan_steps):
+    """The decoding plan (bound kernels) and the module path (a forward hook on a decoder module
+    sends each step there) give the very same hidden states and caches, for both layer orders,
+    with padding in the source, over 20 steps, with MKL's products alone (small) or the few-row
+    kernel's among them (wider)."""
+    model = fast.accelerate(make(width, vocab=30, num_layers=3, norm_first=norm_first))
+    src = source_batch()
+    mask = tb.padding_mask(src, model.config.pad_id)
+    hooked = []
+    with torch.inference_mode():
+        memory = model.encode(src, mask)
+        module_cache, plan_cache = model.decoder.new_cache(), model.decoder.new_cache()
+        token = torch.full((src.shape[0], 1), BOS)
+        for _ in range(20):
+            hidden = model.decode(memory, token, src_mask=mask, cache=plan_cache)
+            handle = model.decoder.layers[2].feed_forward.register_forward_hook(lambda *_: hooked.append(1))
+            try:
+                expected = model.decode(memory, token, src_mask=mask, cache=module_cache)
+            finally:
+                handle.remove()
+            assert torch.equal(hidden, expected)
+            token = model.generator(hidden[:, -1]).argmax(-1, keepdim=True)
+    assert len(plan_steps) == 3 * 19 and len(hooked) == 20  # the plan from the second step; the hook at each
+    assert uses_the_few_row_kernel(model) == (width == "wider" and few_rows.available())
+    for ours, theirs in zip(plan_cache, module_cache, strict=True):
+        assert torch.equal(ours.self_attn.key, theirs.self_attn.key)
+        assert torch.equal(ours.self_attn.value, theirs.self_attn.value)
+
+
+def test_the_plan_steps_aside_where_the_modules_must_run(model, plan_steps):
+    """No plan with record_attention, a forward hook (on a decoder module, or on every module),
+    in training mode, outside inference mode, in a dispatch mode or on PyTorch's kernels; the
+    plan runs again once none of these holds."""
+    model = fast.accelerate(model)
+    src = source_batch()
+    token = torch.full((src.shape[0], 1), BOS)
+
+    def steps(count: int = 3, mode=torch.inference_mode) -> None:
+        with mode():
+            memory, cache = model.encode(src), model.decoder.new_cache()
+            for _ in range(count):
+                model.decode(memory, token, src_mask=tb.padding_mask(src), cache=cache)
+
+    with tb.record_attention(model) as maps:
+        steps()
+    assert not plan_steps and maps["decoder.layers.0.cross_attn"].shape[-2:] == (1, src.shape[1])
+    handle = model.decoder.layers[0].cross_attn.register_forward_pre_hook(lambda *_: None)
+    steps()
+    handle.remove()
+    handle = nn.modules.module.register_module_forward_hook(lambda *_: None)
+    steps()
+    handle.remove()
+    model.train()
+    steps()
+    model.eval()
+    steps(mode=torch.no_grad)
+    with FlopCounterMode(display=False):
+        steps()
+    with kernels.pytorch_kernels():
+        steps()
+    assert not plan_steps
+    steps()
+    assert len(plan_steps) == 2 * 2  # two layers, the second and third steps
+    with pytest.raises(ValueError, match="tgt"):  # bad input still gets the module path's message
+        with torch.inference_mode():
+            memory, cache = model.encode(src), model.decoder.new_cache()
+            model.decode(memory, token, cache=cache)
+            model.decode(memory, torch.full((src.shape[0], 1), 99), cache=cache)
+
+
+# --- beam search: the length penalty counts |y|, and a wide beam is exhaustive -----------------
+
+
+class TableModel(nn.Module):
+    """What ``tb.beam_search`` needs of a model, with next-token log-probabilities that depend
+    only on the prefix: ``next_log_probs(prefix)`` for the tokens after BOS so far. The prefixes
+    travel in the self-attention cache (as keys of width 1), which beam search reorders with
+    its hypotheses; ``decode`` returns the log-probabilities and the generator passes them on."""
+
+    def __init__(self, vocab: int, next_log_probs) -> None:
+        super().__init__()
+        self.config = tb.ModelConfig(vocab, vocab, d_model=2, num_heads=1, d_ff=2, num_layers=1, max_len=16)
+        self.next_log_probs = next_log_probs
+        self.decoder = SimpleNamespace(new_cache=lambda: [tb.LayerCache()])
+        self.generator = nn.Identity()
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.zeros(src.shape[0], src.shape[1], 2)
+
+    def decode(self, memory, tgt, *, src_mask=None, tgt_mask=None, cache=None) -> torch.Tensor:
+        assert cache is not None and tgt.shape[1] == 1
+        tokens, _ = cache[0].self_attn.update(tgt[:, None, :, None].float(), tgt[:, None, :, None].float())
+        prefixes = [tuple(int(t) for t in row[0, 1:, 0]) for row in tokens]
+        return torch.stack([self.next_log_probs(prefix) for prefix in prefixes]).float()[:, None, :]
+
+
+def hypotheses(words: tuple[int, ...], max_len: int):
+    """Every finished hypothesis (tokens after BOS): ending with EOS, or running to ``max_len``."""
+    for length in range(1, max_len):
+        for body in itertools.product((*words, EOS), repeat=length):
+            if EOS not in body[:-1] and (body[-1] == EOS or length == max_len - 1):
+                yield body
+
+
+def log_prob(next_log_probs, body: tuple[int, ...]) -> float:
+    return sum(float(next_log_probs(body[:i])[token]) for i, token in enumerate(body))
+
+
+def test_the_length_penalty_counts_the_tokens_after_bos(monkeypatch):
+    """GNMT's penalty ((5 + |y|) / 6)^alpha counts |y|, the tokens after BOS, EOS included. Two
+    hypotheses are built so that the count decides: A = [EOS] (|y| = 1) and B = [w, EOS]
+    (|y| = 2), with log-probabilities that rank B first when |y| is counted and A first when
+    |y| + 1 is; everything else is far less likely. Beam search must return B."""
+    vocab, w, alpha = 50, 3, 0.6
+    others = [t for t in range(vocab) if t not in (0, BOS, EOS, w)]
+    # alpha = 0.6: with |y|, B wins while log P(A) < log P(B) / (7/6)^0.6 = -1.823;
+    # with |y| + 1, A wins while log P(A) > log P(B) (7/6)^0.6 / (8/6)^0.6 = -1.846.
+    log_a, log_b, log_w = -1.835, -2.0, math.log(0.8)
+
+    def next_log_probs(prefix: tuple[int, ...]) -> torch.Tensor:
+        p = torch.zeros(vocab, dtype=torch.float64)
+        if prefix == ():
+            p[EOS], p[w] = math.exp(log_a), 0.8
+            p[others] = (1 - p.sum()) / len(others)
+        elif prefix == (w,):
+            p[EOS] = math.exp(log_b - log_w)
+            p[[w, *others]] = (1 - p.sum()) / (len(others) + 1)
+        else:
+            p[[EOS, w, *others]] = 1 / (len(others) + 2)
+        return p.log()
+
+    def ranked(body, shift):
+        return log_prob(next_log_probs, body) / float(tb.length_penalty(torch.tensor(len(body) + shift), alpha))
+
+    best = {shift: max(hypotheses((w, *others), 3), key=lambda body: ranked(body, shift)) for shift in (0, 1)}
+    assert best == {0: (w, EOS), 1: (EOS,)}  # the two counts disagree, by a margin float32 keeps
+    assert abs(ranked((w, EOS), 0) - ranked((EOS,), 0)) > 5e-3 and abs(ranked((w, EOS), 1) - ranked((EOS,), 1)) > 5e-3
+    stub, src = TableModel(vocab, next_log_probs), torch.tensor([[3, 4, 5]])
+    found = tb.beam_search(stub, src, max_len=3, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha)
+    assert found.tolist() == [[BOS, w, EOS]]
+    penalty = tb.inference.length_penalty  # the count off by one (issue 34) would pick A: the test tells
+    monkeypatch.setattr(tb.inference, "length_penalty", lambda length, a: penalty(length + 1, a))
+    found = tb.beam_search(stub, src, max_len=3, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha)
+    assert found.tolist() == [[BOS, EOS]]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_a_beam_that_holds_every_hypothesis_is_exhaustive_search(alpha):
+    """Vocabulary of 5 (padding, BOS, EOS and two words), up to 3 tokens after BOS: a beam of
+    5^3 = 125 never drops a hypothesis, so beam search returns what ranking every finished
+    hypothesis returns, for random tables of next-token probabilities. A table whose best two
+    hypotheses are within float32's rounding of each other is skipped (it would test rounding)."""
+    vocab, words, max_len = 5, (3, 4), 4
+    generator = torch.Generator().manual_seed(0)
+    prefixes = [p for n in range(max_len) for p in itertools.product((*words, EOS), repeat=n)]
+    checked = 0
+    for _ in range(12):
+        logits = torch.randn(len(prefixes), vocab, generator=generator, dtype=torch.float64) * 2
+        logits[:, [0, BOS]] = -math.inf  # never padding or BOS: every hypothesis is one of hypotheses()
+        table = dict(zip(prefixes, logits.log_softmax(-1)))
+
+        def next_log_probs(prefix, table=table):
+            return table.get(prefix, torch.zeros(vocab, dtype=torch.float64))
+
+        penalty = {n: float(tb.length_penalty(torch.tensor(n), alpha)) for n in range(1, max_len)}
+        scores = sorted(
+            ((log_prob(next_log_probs, body) / penalty[len(body)], body) for body in hypotheses(words, max_len)),
+            reverse=True,
+        )
+        if scores[0][0] - scores[1][0] < 1e-4:
+            continue
+        found = tb.beam_search(
+            TableModel(vocab, next_log_probs), torch.tensor([[3, 4]]), max_len, BOS, EOS, beam_size=125, alpha=alpha
+        )
+        assert found.tolist() == [[BOS, *scores[0][1]]], (found, scores[:2])
+        checked += 1
+    assert checked >= 10
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_wide_beam_finds_the_best_sequence_by_exhaustive_search(alpha):
+    """The same with a real (untrained) model: its probabilities from its own forward pass."""
+    tb.seed_everything(11)
+    model = tb.make_model(tb.ModelConfig.small(5, num_layers=1)).eval()
+    src = torch.tensor([[3, 4, 3]])
+    max_len = 4  # BOS + up to 3 tokens
+    best, best_score = None, float("-inf")
+    for body in hypotheses((0, 1, 3, 4), max_len):
+        ys = torch.tensor([[BOS, *body]])
+        with torch.no_grad():
+            log_probs = model(src, ys[:, :-1]).log_softmax(-1)
+        score = log_probs.gather(-1, ys[:, 1:].unsqueeze(-1)).sum().item()
+        score /= tb.length_penalty(torch.tensor(float(len(body))), alpha).item()
+        if score > best_score:
+            best, best_score = ys, score
+    found = tb.beam_search(model, src, max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=125, alpha=alpha)
+    assert torch.equal(found, best), (found, best)
