@@ -19,6 +19,7 @@ The model is plain PyTorch. The speed wing, ``transformer_book.fast`` (appendix 
 imported only on request: ``from transformer_book import fast; fast.accelerate(model)``.
 """
 
+from . import exercises
 from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
 from .checks import (
     check_attention,
@@ -63,6 +64,7 @@ from .training import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "exercises",
     "Batch",
     "CopyTask",
     "RECIPES",

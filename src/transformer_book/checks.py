@@ -8,6 +8,8 @@ helpers by their public names, so a listing pasted into a notebook after
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor
 
@@ -15,6 +17,17 @@ from torch import Tensor
 def shape_of(tensor: Tensor) -> str:
     """``(2, 3, 4)``-style text for error messages."""
     return "(" + ", ".join(str(size) for size in tensor.shape) + ")"
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape ``shapes`` broadcast to, or ``None`` where they do not broadcast."""
+    result: list[int] = []
+    for sizes in itertools.zip_longest(*(reversed(shape) for shape in shapes), fillvalue=1):
+        wanted = {size for size in sizes if size != 1}
+        if len(wanted) > 1:
+            return None
+        result.append(wanted.pop() if wanted else 1)
+    return tuple(reversed(result))
 
 
 def require_tensor(value: object, name: str) -> Tensor:
@@ -142,13 +155,12 @@ def check_attention(
         raise ValueError(
             f"key and value must have the same length, got key {shape_of(key)} and value {shape_of(value)}"
         )
-    try:
-        batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
+    batch = broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    if batch is None:
         raise ValueError(
             f"the leading axes of query {shape_of(query)}, key {shape_of(key)} and value {shape_of(value)} "
             "do not broadcast"
-        ) from None
+        )
     check_probability(dropout_p, "dropout_p")
     check_mask(mask, "mask", (*batch, query.shape[-2], key.shape[-2]), query.device)
 

@@ -61,6 +61,7 @@ from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook 
 
 from .data import Batch
 from .model import ModelConfig, Transformer, make_model
+from .progress import progress_bar
 from .recipes import RECIPES, Recipe, Task, held_out_accuracy
 from .runtime import get_device
 from .training import LabelSmoothingLoss, noam_optimizer, train_step, weight_average
@@ -465,15 +466,10 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
     record: dict[str, Any] = {}
     loss_sum, loss_steps = torch.zeros((), device=rt.device), 0
     started = time.perf_counter()
-    bar = tqdm(
-        range(start_step + 1, args.steps + 1),
-        initial=start_step,
-        total=args.steps,
-        disable=not rt.is_main,
-        desc=f"{args.task} ×{rt.world_size}",
-        unit="step",
+    bar = progress_bar(
+        args.steps, desc=f"{args.task} ×{rt.world_size}", unit="step", initial=start_step, enabled=rt.is_main
     )
-    for step in bar:
+    for step in range(start_step + 1, args.steps + 1):
         full = global_batch(task, args.batch_size, args.seed, step)  # identical on every rank
         part = shard(full, rt.rank, rt.world_size, config.pad_id).to(rt.device)
         torch.manual_seed(derive_seed(args.seed, step, rt.rank))  # this rank's dropout for this step
@@ -503,6 +499,7 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
                 save_checkpoint(
                     args.out, model, averaged, optimizer, schedule, step, elapsed, args, config, rt.world_size
                 )
+        bar.update(1)
     bar.close()
     if rt.distributed:
         dist.barrier()  # nobody leaves before rank 0 has written the last checkpoint

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,12 +9,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
 from .checks import check_logits, check_positive, check_probability, check_smoothing, shape_of
 from .data import Batch
 from .inference import greedy_decode
 from .model import Transformer
+from .progress import progress_bar
 
 
 class LabelSmoothingLoss(nn.Module):
@@ -166,7 +165,7 @@ def fit(
     reaches ``stop_at``. ``clip_norm`` caps the gradient norm; ``bf16`` trains under
     bfloat16 autocast. With ``average`` (a decay, e.g. 0.99) a :func:`weight_average` of the
     weights is kept: ``evaluate`` scores the average, and ``history.averaged`` holds it
-    (``model`` itself keeps the last update's weights). A tqdm bar shows the loss and the learning rate.
+    (``model`` itself keeps the last update's weights). A progress bar shows the loss and the learning rate.
     """
     check_positive(steps, "steps")
     device = next(model.parameters()).device
@@ -174,29 +173,30 @@ def fit(
     history = History()
     averaged = weight_average(model, average) if average is not None else None
     start = time.perf_counter()
-    # In a notebook a live bar redraws in place, but the built book keeps every redraw as a
-    # line of its own: redraw rarely there, so the page shows a few lines, not hundreds.
-    in_notebook = "ipykernel" in sys.modules
-    bar = tqdm(
-        range(1, steps + 1), disable=not progress, desc="training", unit="step", mininterval=5.0 if in_notebook else 0.1
-    )
-    for step in bar:
-        batch = next_batch(step).to(device)
-        loss, lr = train_step(model, batch, loss_fn, optimizer, schedule, clip_norm=clip_norm, bf16=bf16)
-        history.step.append(step)
-        history.loss.append(loss.item())
-        history.lr.append(lr)
-        if averaged is not None:
-            averaged.update_parameters(model)
-        bar.set_postfix(loss=f"{history.loss[-1]:.3f}", lr=f"{lr:.2e}", refresh=False)
-        if evaluate is not None and eval_every and (step % eval_every == 0 or step == steps):
-            metric = evaluate(model if averaged is None else averaged.module)
-            history.eval_step.append(step)
-            history.eval_metric.append(metric)
-            bar.set_postfix(loss=f"{history.loss[-1]:.3f}", metric=f"{metric:.3f}")
-            if stop_at is not None and metric >= stop_at:
+    # A terminal gets tqdm's bar on stderr; a notebook one output redrawn in place, which ends
+    # as a one-line summary (the built page shows that line, not every redraw).
+    figures: dict[str, str] = {}
+    with progress_bar(steps, desc="training", unit="step", enabled=progress) as bar:
+        for step in range(1, steps + 1):
+            batch = next_batch(step).to(device)
+            loss, lr = train_step(model, batch, loss_fn, optimizer, schedule, clip_norm=clip_norm, bf16=bf16)
+            history.step.append(step)
+            history.loss.append(loss.item())
+            history.lr.append(lr)
+            if averaged is not None:
+                averaged.update_parameters(model)
+            figures.update(loss=f"{history.loss[-1]:.3f}", lr=f"{lr:.2e}")
+            stop = False
+            if evaluate is not None and eval_every and (step % eval_every == 0 or step == steps):
+                metric = evaluate(model if averaged is None else averaged.module)
+                history.eval_step.append(step)
+                history.eval_metric.append(metric)
+                figures["metric"] = f"{metric:.3f}"
+                stop = stop_at is not None and metric >= stop_at
+            bar.set_postfix(**figures)
+            bar.update(1)
+            if stop:
                 break
-    bar.close()
     history.seconds = time.perf_counter() - start
     if averaged is not None:
         history.averaged = averaged.module.eval()
