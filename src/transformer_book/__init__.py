@@ -20,16 +20,24 @@ imported only on request: ``from transformer_book import fast; fast.accelerate(m
 """
 
 from . import exercises
-from .attention import KVCache, MultiHeadAttention, record_attention, scaled_dot_product_attention
+from .attention import (
+    KVCache,
+    MultiHeadAttention,
+    record_attention,
+    scaled_dot_product_attention,
+)
 from .checks import (
     check_attention,
     check_decoding,
+    check_embedding,
+    check_encoding,
     check_features,
     check_heads_input,
     check_logits,
     check_mask,
     check_positive,
     check_probability,
+    check_schedule,
     check_sizes,
     check_smoothing,
     check_target,
@@ -41,7 +49,14 @@ from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
-from .export import DecoderGraph, EncoderGraph, OnnxExport, export_onnx, onnx_greedy_decode, onnx_sessions
+from .export import (
+    DecoderGraph,
+    EncoderGraph,
+    OnnxExport,
+    export_onnx,
+    onnx_greedy_decode,
+    onnx_sessions,
+)
 from .inference import beam_search, greedy_decode, length_penalty
 from .layers import FeedForward, sublayer_connection
 from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
@@ -124,12 +139,15 @@ __all__ = [
     "to_pytorch_mask",
     "check_attention",
     "check_decoding",
+    "check_embedding",
+    "check_encoding",
     "check_features",
     "check_heads_input",
     "check_logits",
     "check_mask",
     "check_positive",
     "check_probability",
+    "check_schedule",
     "check_sizes",
     "check_smoothing",
     "check_target",

@@ -94,10 +94,13 @@ class MultiHeadAttention(nn.Module):
     ``forward(query (B, q_len, d_model), key (B, k_len, d_model), value (B, k_len, d_model),
     mask)`` → ``(output (B, q_len, d_model), weights (B, heads, q_len, k_len) or None)``.
     ``mask`` is boolean, True = may attend, broadcastable to ``(B, q_len, k_len)``
-    (or ``(B, heads, q_len, k_len)``).
+    (or ``(B, heads, q_len, k_len)``); a 3-D mask gets the head axis inserted, so every
+    head sees the same mask.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True
+    ) -> None:
         super().__init__()
         check_sizes(d_model, num_heads, dropout)
         self.d_model, self.num_heads = d_model, num_heads
@@ -117,7 +120,7 @@ class MultiHeadAttention(nn.Module):
         return x.view(batch, length, self.num_heads, self.d_head).transpose(1, 2)
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        """``(B, heads, len, d_head)`` → ``(B, len, d_model)``: the concatenation of the heads."""
+        """``(B, heads, len, d_head)`` → ``(B, len, d_model)``: the heads side by side."""
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
@@ -132,20 +135,20 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         check_heads_input(query, key, value, mask, self.d_model, self.num_heads, cache)
         q = self.split_heads(self.q_proj(query))  # (B, heads, q_len, d_head)
-        if cache is not None and cache.static and cache.length:
-            k, v = cache.key, cache.value  # cross-attention: the memory's, stored at step 1
+        if cache is not None and cache.static and cache.length:  # the memory's, stored
+            k, v = cache.key, cache.value
         else:
-            k, v = self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
+            k, v = map(self.split_heads, (self.k_proj(key), self.v_proj(value)))
             k, v = cache.update(k, v) if cache is not None else (k, v)
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # (B, 1, q_len, k_len): one mask for every head
+        mask = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
         p = self.dropout if self.training else 0.0
         if need_weights or self.record_weights:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, p)
             self.last_weights = weights.detach() if self.record_weights else None
         else:  # the same formula, fused by PyTorch (chapter 3 checks that they agree)
             heads, weights = F.scaled_dot_product_attention(q, k, v, mask, p), None
-        return self.out_proj(self.merge_heads(heads)), weights if need_weights else None
+        output = self.out_proj(self.merge_heads(heads))
+        return output, weights if need_weights else None
 
 
 @contextmanager
@@ -160,7 +163,11 @@ def record_attention(model: nn.Module) -> Iterator[dict[str, Tensor]]:
             model(src, tgt)
         maps["decoder.layers.1.cross_attn"]
     """
-    modules = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    modules = {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, MultiHeadAttention)
+    }
     maps: dict[str, Tensor] = {}
     for module in modules.values():
         module.record_weights, module.last_weights = True, None

@@ -22,7 +22,9 @@ def shape_of(tensor: Tensor) -> str:
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """The shape ``shapes`` broadcast to, or ``None`` where they do not broadcast."""
     result: list[int] = []
-    for sizes in itertools.zip_longest(*(reversed(shape) for shape in shapes), fillvalue=1):
+    for sizes in itertools.zip_longest(
+        *(reversed(shape) for shape in shapes), fillvalue=1
+    ):
         wanted = {size for size in sizes if size != 1}
         if len(wanted) > 1:
             return None
@@ -49,6 +51,26 @@ def check_probability(value: float, name: str) -> None:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 
+def check_embedding(
+    vocab_size: int, d_model: int, padding_idx: int | None = None
+) -> None:
+    """An embedding table's sizes: positive, and ``padding_idx`` (if any) an id of the vocabulary."""
+    check_positive(vocab_size, "vocab_size")
+    check_positive(d_model, "d_model")
+    if padding_idx is not None and not 0 <= padding_idx < vocab_size:
+        raise ValueError(f"padding_idx must be in [0, {vocab_size}), got {padding_idx}")
+
+
+def check_encoding(max_len: int, d_model: int) -> None:
+    """A positional table's sizes: positive, ``d_model`` even (a sine and a cosine per frequency)."""
+    check_positive(max_len, "max_len")
+    check_positive(d_model, "d_model")
+    if d_model % 2:
+        raise ValueError(
+            f"d_model must be even (a sine and a cosine per frequency), got {d_model}"
+        )
+
+
 def check_sizes(d_model: int, num_heads: int, dropout: float = 0.0) -> None:
     """A layer's sizes: positive, ``d_model`` divisible by ``num_heads``, dropout in [0, 1)."""
     check_positive(d_model, "d_model")
@@ -63,17 +85,39 @@ def check_smoothing(vocab_size: int, smoothing: float, pad_id: int) -> None:
     (so ``vocab_size`` ≥ 3: padding, the right token, another), ``pad_id`` an id of the vocabulary."""
     check_probability(smoothing, "smoothing")
     if not isinstance(vocab_size, int) or vocab_size < 3:
-        raise ValueError(f"vocab_size must be at least 3 (padding, the right token, another), got {vocab_size!r}")
+        raise ValueError(
+            f"vocab_size must be at least 3 (padding, the right token, another), got {vocab_size!r}"
+        )
     if not 0 <= pad_id < vocab_size:
-        raise ValueError(f"pad_id={pad_id} is not an id of the vocabulary (size {vocab_size})")
+        raise ValueError(
+            f"pad_id={pad_id} is not an id of the vocabulary (size {vocab_size})"
+        )
+
+
+def check_schedule(
+    warmup: int, total_steps: int | None = None, eps: float = 1e-9
+) -> None:
+    """The learning-rate schedule's settings: positive ``warmup`` (and ``total_steps`` if given),
+    and a positive Adam ``eps``."""
+    check_positive(warmup, "warmup")
+    if total_steps is not None:
+        check_positive(total_steps, "total_steps")
+    if not eps > 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
 
 
 def check_logits(logits: Tensor, target: Tensor, vocab_size: int) -> None:
     """``logits (..., vocab_size)`` floating, for integer ``target (...)`` ids of the same leading shape."""
     require_tensor(logits, "logits")
     require_tensor(target, "target")
-    if not logits.is_floating_point() or target.is_floating_point() or target.dtype == torch.bool:
-        raise ValueError(f"logits must be floating and target integer ids, got {logits.dtype} and {target.dtype}")
+    if (
+        not logits.is_floating_point()
+        or target.is_floating_point()
+        or target.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"logits must be floating and target integer ids, got {logits.dtype} and {target.dtype}"
+        )
     if logits.shape[:-1] != target.shape or logits.shape[-1] != vocab_size:
         raise ValueError(
             f"logits {shape_of(logits)} must be target {shape_of(target)} plus a last axis of vocab_size={vocab_size}"
@@ -84,20 +128,35 @@ def check_features(x: Tensor, name: str, d_model: int, ndim: int = 3) -> None:
     """``x`` must be a floating tensor ``(batch, seq, d_model)`` with batch and seq > 0."""
     require_tensor(x, name)
     if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype} with shape {shape_of(x)}")
+        raise ValueError(
+            f"{name} must be a floating-point tensor, got dtype {x.dtype} with shape {shape_of(x)}"
+        )
     if x.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions (batch, seq, d_model), got shape {shape_of(x)}")
+        raise ValueError(
+            f"{name} must have {ndim} dimensions (batch, seq, d_model), got shape {shape_of(x)}"
+        )
     if x.shape[-1] != d_model:
-        raise ValueError(f"{name} must have last dimension d_model={d_model}, got shape {shape_of(x)}")
+        raise ValueError(
+            f"{name} must have last dimension d_model={d_model}, got shape {shape_of(x)}"
+        )
     if x.numel() == 0:
         raise ValueError(f"{name} is empty: shape {shape_of(x)}")
 
 
-def check_tokens(tokens: Tensor, name: str, vocab_size: int, max_len: int | None = None) -> None:
-    """``tokens`` must be integer ids ``(batch, seq)`` in ``[0, vocab_size)``, at most ``max_len`` long."""
+def check_tokens(
+    tokens: Tensor, name: str, vocab_size: int | None = None, max_len: int | None = None
+) -> None:
+    """``tokens`` must be integer ids ``(batch, seq)``; in ``[0, vocab_size)`` and at most
+    ``max_len`` long when those are given."""
     require_tensor(tokens, name)
-    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
-        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype} with shape {shape_of(tokens)}")
+    if (
+        tokens.dtype.is_floating_point
+        or tokens.dtype == torch.bool
+        or tokens.is_complex()
+    ):
+        raise ValueError(
+            f"{name} must hold integer token ids, got dtype {tokens.dtype} with shape {shape_of(tokens)}"
+        )
     if tokens.dim() != 2:
         raise ValueError(f"{name} must have shape (batch, seq), got {shape_of(tokens)}")
     if tokens.numel() == 0:
@@ -106,7 +165,9 @@ def check_tokens(tokens: Tensor, name: str, vocab_size: int, max_len: int | None
         raise ValueError(
             f"{name} has {tokens.shape[1]} positions, more than max_len={max_len}; shape {shape_of(tokens)}"
         )
-    if tokens.device.type == "meta":  # shapes only (the device test): there are no ids to read
+    if (
+        vocab_size is None or tokens.device.type == "meta"
+    ):  # meta: shapes, no ids to read
         return
     low, high = map(int, tokens.aminmax())
     if low < 0 or high >= vocab_size:
@@ -116,7 +177,12 @@ def check_tokens(tokens: Tensor, name: str, vocab_size: int, max_len: int | None
         )
 
 
-def check_mask(mask: Tensor | None, name: str, target: tuple[int, ...], device: torch.device | None = None) -> None:
+def check_mask(
+    mask: Tensor | None,
+    name: str,
+    target: tuple[int, ...],
+    device: torch.device | None = None,
+) -> None:
     """A mask must be boolean (True = may attend), broadcast to ``target`` and, when ``device``
     is given, live there (a mask on another device would otherwise fail deep inside, or worse)."""
     if mask is None:
@@ -126,17 +192,29 @@ def check_mask(mask: Tensor | None, name: str, target: tuple[int, ...], device: 
         raise ValueError(
             f"{name} must be a boolean tensor (True = may attend), got dtype {mask.dtype} with shape {shape_of(mask)}"
         )
-    broadcasts = all(size in (1, goal) for size, goal in zip(reversed(mask.shape), reversed(target)))
+    broadcasts = all(
+        size in (1, goal) for size, goal in zip(reversed(mask.shape), reversed(target))
+    )
     if mask.dim() > len(target) or not broadcasts:
         expected = "(" + ", ".join(str(size) for size in target) + ")"
-        problem = "has more dimensions than" if mask.dim() > len(target) else "does not broadcast to"
+        problem = (
+            "has more dimensions than"
+            if mask.dim() > len(target)
+            else "does not broadcast to"
+        )
         raise ValueError(f"{name} with shape {shape_of(mask)} {problem} {expected}")
     if device is not None and mask.device != device:
-        raise ValueError(f"{name} with shape {shape_of(mask)} is on {mask.device}, but the queries are on {device}")
+        raise ValueError(
+            f"{name} with shape {shape_of(mask)} is on {mask.device}, but the queries are on {device}"
+        )
 
 
 def check_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> None:
     """The inputs of scaled dot-product attention: ``query (..., q_len, d_k)``, ``key (..., k_len, d_k)``,
     ``value (..., k_len, d_v)`` floating tensors on one device, ``mask`` boolean and broadcastable to
@@ -148,9 +226,13 @@ def check_attention(
                 f"{name} must be a floating tensor (..., len, features), got {tensor.dtype} {shape_of(tensor)}"
             )
         if tensor.device != query.device:
-            raise ValueError(f"{name} is on {tensor.device} but query is on {query.device}")
+            raise ValueError(
+                f"{name} is on {tensor.device} but query is on {query.device}"
+            )
     if query.shape[-1] != key.shape[-1]:
-        raise ValueError(f"query and key must share d_k, got query {shape_of(query)} and key {shape_of(key)}")
+        raise ValueError(
+            f"query and key must share d_k, got query {shape_of(query)} and key {shape_of(key)}"
+        )
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(
             f"key and value must have the same length, got key {shape_of(key)} and value {shape_of(value)}"
@@ -166,7 +248,13 @@ def check_attention(
 
 
 def check_heads_input(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, d_model: int, num_heads: int, cache: object = None
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    d_model: int,
+    num_heads: int,
+    cache: object = None,
 ) -> None:
     """The inputs of multi-head attention: ``query (B, q_len, d_model)``, ``key`` and ``value
     (B, k_len, d_model)``, ``mask`` broadcastable to ``(B, q_len, past + k_len)`` or, with the
@@ -176,7 +264,9 @@ def check_heads_input(
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         check_features(tensor, name, d_model)
     if key.shape[:2] != value.shape[:2]:
-        raise ValueError(f"key and value must share (batch, len), got key {shape_of(key)} and value {shape_of(value)}")
+        raise ValueError(
+            f"key and value must share (batch, len), got key {shape_of(key)} and value {shape_of(value)}"
+        )
     if key.shape[0] != query.shape[0]:
         raise ValueError(
             f"query and key must share the batch size, got query {shape_of(query)} and key {shape_of(key)}"
@@ -208,19 +298,27 @@ def check_target(
         )
     require_tensor(memory, "memory")
     if memory.dim() != 3 or tgt.shape[0] != memory.shape[0]:
-        raise ValueError(f"tgt {shape_of(tgt)} and memory {shape_of(memory)} must have the same batch size")
+        raise ValueError(
+            f"tgt {shape_of(tgt)} and memory {shape_of(memory)} must have the same batch size"
+        )
     batch, new = tgt.shape
     check_mask(src_mask, "src_mask", (batch, new, memory.shape[1]), memory.device)
     check_mask(tgt_mask, "tgt_mask", (batch, new, past + new), memory.device)
 
 
-def check_decoding(config: object, src: Tensor, max_len: int, bos_id: int, eos_id: int | None) -> None:
+def check_decoding(
+    config: object, src: Tensor, max_len: int, bos_id: int, eos_id: int | None
+) -> None:
     """A decoding loop's arguments for a model of ``config`` (a ``ModelConfig``): ``src`` ids of
     its source vocabulary, ``max_len`` within the model's, ``bos_id`` and ``eos_id`` target ids."""
     check_tokens(src, "src", config.src_vocab_size, config.max_len)
     check_positive(max_len, "max_len")
     if max_len > config.max_len:
-        raise ValueError(f"max_len={max_len} exceeds the model's max_len={config.max_len}")
+        raise ValueError(
+            f"max_len={max_len} exceeds the model's max_len={config.max_len}"
+        )
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
         if token is not None and not 0 <= token < config.tgt_vocab_size:
-            raise ValueError(f"{name}={token} is not an id of the target vocabulary (size {config.tgt_vocab_size})")
+            raise ValueError(
+                f"{name}={token} is not an id of the target vocabulary (size {config.tgt_vocab_size})"
+            )

@@ -57,7 +57,9 @@ from numpy import uint64
 from numpy.random import SeedSequence
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
+from tqdm import (
+    tqdm,
+)  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
 from .data import Batch
 from .model import ModelConfig, Transformer, make_model
@@ -126,24 +128,63 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recipe_value = "default: the recipe's"
     parser.add_argument(
-        "--task", choices=TASKS, required=True, help="copy: repeat the input; dates: French words to ISO"
+        "--task",
+        choices=TASKS,
+        required=True,
+        help="copy: repeat the input; dates: French words to ISO",
     )
-    parser.add_argument("--out", type=Path, required=True, help="checkpoint file written by rank 0")
     parser.add_argument(
-        "--steps", type=int, help=f"train up to this step (a resumed run continues to it); {recipe_value} cap"
+        "--out", type=Path, required=True, help="checkpoint file written by rank 0"
     )
     parser.add_argument(
-        "--batch-size", type=int, help=f"the global batch, split evenly over the processes; {recipe_value}"
+        "--steps",
+        type=int,
+        help=f"train up to this step (a resumed run continues to it); {recipe_value} cap",
     )
-    parser.add_argument("--d-model", type=int, help=f"width of every layer; {recipe_value}")
-    parser.add_argument("--heads", type=int, help=f"attention heads (must divide --d-model); {recipe_value}")
-    parser.add_argument("--d-ff", type=int, help=f"inner width of the feed-forward blocks; {recipe_value}")
-    parser.add_argument("--layers", type=int, help=f"encoder layers, and as many decoder layers; {recipe_value}")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help=f"the global batch, split evenly over the processes; {recipe_value}",
+    )
+    parser.add_argument(
+        "--d-model", type=int, help=f"width of every layer; {recipe_value}"
+    )
+    parser.add_argument(
+        "--heads",
+        type=int,
+        help=f"attention heads (must divide --d-model); {recipe_value}",
+    )
+    parser.add_argument(
+        "--d-ff",
+        type=int,
+        help=f"inner width of the feed-forward blocks; {recipe_value}",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        help=f"encoder layers, and as many decoder layers; {recipe_value}",
+    )
     parser.add_argument("--dropout", type=float, help=f"dropout rate; {recipe_value}")
-    parser.add_argument("--warmup", type=int, help=f"warm-up steps of the learning-rate schedule; {recipe_value}")
-    parser.add_argument("--lr-factor", type=float, help=f"scale of the paper's learning-rate schedule; {recipe_value}")
-    parser.add_argument("--clip-norm", type=float, help=f"largest gradient norm; 0 turns clipping off; {recipe_value}")
-    parser.add_argument("--adam-eps", type=float, help=f"Adam's epsilon (the paper: 1e-9); {recipe_value}")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        help=f"warm-up steps of the learning-rate schedule; {recipe_value}",
+    )
+    parser.add_argument(
+        "--lr-factor",
+        type=float,
+        help=f"scale of the paper's learning-rate schedule; {recipe_value}",
+    )
+    parser.add_argument(
+        "--clip-norm",
+        type=float,
+        help=f"largest gradient norm; 0 turns clipping off; {recipe_value}",
+    )
+    parser.add_argument(
+        "--adam-eps",
+        type=float,
+        help=f"Adam's epsilon (the paper: 1e-9); {recipe_value}",
+    )
     parser.add_argument(
         "--taper",
         action=argparse.BooleanOptionalAction,
@@ -156,17 +197,29 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"decay of the weight average that is evaluated and saved, 0: none; {recipe_value}",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seeds the weights, every batch and every dropout mask (default 0)"
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the weights, every batch and every dropout mask (default 0)",
     )
     parser.add_argument(
-        "--eval-every", type=int, help=f"evaluate (and checkpoint) every N steps, 0: at the end only; {recipe_value}"
+        "--eval-every",
+        type=int,
+        help=f"evaluate (and checkpoint) every N steps, 0: at the end only; {recipe_value}",
     )
     parser.add_argument(
-        "--eval-size", type=int, default=None, help="evaluate on the first N held-out examples (default: all)"
+        "--eval-size",
+        type=int,
+        default=None,
+        help="evaluate on the first N held-out examples (default: all)",
     )
-    parser.add_argument("--resume", type=Path, default=None, help="checkpoint to continue from")
     parser.add_argument(
-        "--bf16", action="store_true", help="bfloat16 autocast (CUDA; also accepted on CPU, where it is slow)"
+        "--resume", type=Path, default=None, help="checkpoint to continue from"
+    )
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bfloat16 autocast (CUDA; also accepted on CPU, where it is slow)",
     )
     return parser
 
@@ -184,7 +237,9 @@ def fill_from_recipe(args: argparse.Namespace) -> Recipe:
     return recipe
 
 
-def model_config(args: argparse.Namespace, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
+def model_config(
+    args: argparse.Namespace, src_vocab_size: int, tgt_vocab_size: int
+) -> ModelConfig:
     """The run's ModelConfig (its checks raise ValueError naming the fields)."""
     return ModelConfig.small(
         src_vocab_size,
@@ -203,13 +258,19 @@ def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
     The model's sizes are checked by :class:`~transformer_book.model.ModelConfig` itself; its message is
     translated to the options' names (``num_heads`` → ``--heads``).
     """
-    for name, value in {"--steps": args.steps, "--batch-size": args.batch_size, "--warmup": args.warmup}.items():
+    for name, value in {
+        "--steps": args.steps,
+        "--batch-size": args.batch_size,
+        "--warmup": args.warmup,
+    }.items():
         if value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value}")
     if not args.adam_eps > 0:
         raise ValueError(f"--adam-eps must be a positive number, got {args.adam_eps}")
     if args.average is not None and not 0 < args.average < 1:
-        raise ValueError(f"--average must be 0 (none) or a decay in (0, 1), got {args.average}")
+        raise ValueError(
+            f"--average must be 0 (none) or a decay in (0, 1), got {args.average}"
+        )
     try:
         model_config(args, 3, 3)
     except ValueError as error:
@@ -220,7 +281,9 @@ def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
     if not (args.lr_factor > 0 and math.isfinite(args.lr_factor)):
         raise ValueError(f"--lr-factor must be a positive number, got {args.lr_factor}")
     if args.eval_every < 0:
-        raise ValueError(f"--eval-every must be 0 (only at the end) or positive, got {args.eval_every}")
+        raise ValueError(
+            f"--eval-every must be 0 (only at the end) or positive, got {args.eval_every}"
+        )
     if args.eval_size is not None and args.eval_size <= 0:
         raise ValueError(f"--eval-size must be positive, got {args.eval_size}")
     if args.batch_size % world_size:
@@ -229,12 +292,16 @@ def validate_args(args: argparse.Namespace, world_size: int = 1) -> None:
             "so that every process trains on an equal share"
         )
     if args.out.exists() and args.out.is_dir():
-        raise ValueError(f"--out={args.out} is a directory; give a file name such as {args.out / 'checkpoint.pt'}")
+        raise ValueError(
+            f"--out={args.out} is a directory; give a file name such as {args.out / 'checkpoint.pt'}"
+        )
     if args.resume is not None and not args.resume.is_file():
         raise ValueError(f"--resume={args.resume}: no such checkpoint file")
 
 
-def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> argparse.Namespace:
+def parse_args(
+    argv: Sequence[str] | None = None, world_size: int = 1
+) -> argparse.Namespace:
     """Parse and validate the command line; ``ValueError`` for a value that parses but cannot be used."""
     args = build_parser().parse_args(argv)
     fill_from_recipe(args)
@@ -273,7 +340,9 @@ def setup_processes(bf16: bool) -> ProcessInfo:
     device = get_device()
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if device.type == "mps" and (distributed or bf16):
-        raise ValueError("--bf16 and torchrun runs are not supported on Apple's MPS; set TRANSFORMER_BOOK_DEVICE=cpu")
+        raise ValueError(
+            "--bf16 and torchrun runs are not supported on Apple's MPS; set TRANSFORMER_BOOK_DEVICE=cpu"
+        )
     if not distributed:
         return ProcessInfo(rank=0, world_size=1, device=device, distributed=False)
     if device.type == "cuda":
@@ -286,12 +355,19 @@ def setup_processes(bf16: bool) -> ProcessInfo:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return ProcessInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, distributed=True)
+    return ProcessInfo(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        device=device,
+        distributed=True,
+    )
 
 
 def derive_seed(*numbers: int) -> int:
     """A 63-bit seed mixed from several integers (NumPy's SeedSequence), e.g. ``(seed, step, rank)``."""
-    return int(SeedSequence([int(n) for n in numbers]).generate_state(1, dtype=uint64)[0] >> 1)
+    return int(
+        SeedSequence([int(n) for n in numbers]).generate_state(1, dtype=uint64)[0] >> 1
+    )
 
 
 # --- tasks ---------------------------------------------------------------------------------
@@ -307,7 +383,9 @@ def shard(batch: Batch, rank: int, world_size: int, pad_id: int) -> Batch:
     """Rows ``[rank·b, (rank+1)·b)`` of the global batch, ``b = B / world_size``."""
     size = batch.src.shape[0]
     if size % world_size:
-        raise ValueError(f"batch size {size} is not divisible by world_size={world_size}")
+        raise ValueError(
+            f"batch size {size} is not divisible by world_size={world_size}"
+        )
     rows = slice(rank * size // world_size, (rank + 1) * size // world_size)
     tgt_out = batch.tgt_out[rows]
     return Batch(
@@ -388,7 +466,9 @@ def load_checkpoint(path: Path, args: argparse.Namespace) -> dict[str, Any]:
             f"--resume={path} is not a checkpoint this trainer can read: torch.load failed with "
             f"{type(error).__name__} (a truncated or corrupt file, or not a PyTorch file)"
         ) from None
-    missing = CHECKPOINT_KEYS - set(state) if isinstance(state, dict) else CHECKPOINT_KEYS
+    missing = (
+        CHECKPOINT_KEYS - set(state) if isinstance(state, dict) else CHECKPOINT_KEYS
+    )
     if missing or not isinstance(state["args"], dict):
         raise ValueError(
             f"--resume={path} is not a checkpoint written by transformer-book-train "
@@ -397,13 +477,19 @@ def load_checkpoint(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     for name, given in run_settings(args).items():
         saved = state["args"].get(name)
         if given != saved:
-            option = "--steps (with --taper)" if name == "taper_steps" else "--" + name.replace("_", "-")
+            option = (
+                "--steps (with --taper)"
+                if name == "taper_steps"
+                else "--" + name.replace("_", "-")
+            )
             raise ValueError(
                 f"{option}={given} but the checkpoint {path} was trained with {option}={saved}; "
                 "a resumed run must use the same settings"
             )
     if state["step"] >= args.steps:
-        raise ValueError(f"--steps={args.steps} but the checkpoint {path} is already at step {state['step']}")
+        raise ValueError(
+            f"--steps={args.steps} but the checkpoint {path} is already at step {state['step']}"
+        )
     return state
 
 
@@ -423,7 +509,13 @@ def rank_loss_scale(part: Batch, global_tokens: int, world_size: int) -> float:
     return part.num_tokens / global_tokens * world_size
 
 
-def evaluate(model: Transformer, task: Task, eval_size: int | None, device: torch.device, bf16: bool) -> float:
+def evaluate(
+    model: Transformer,
+    task: Task,
+    eval_size: int | None,
+    device: torch.device,
+    bf16: bool,
+) -> float:
     """Exact-match accuracy of greedy decoding on the held-out set, or its first ``eval_size`` pairs
     (run by rank 0 on the bare model)."""
     with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
@@ -440,11 +532,18 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
     """The training loop; returns the last metrics record (every rank computes the loss)."""
     task = RECIPES[args.task].make_task(args.seed)
     config = model_config(args, task.src_vocab_size, task.tgt_vocab_size)
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    torch.manual_seed(
+        args.seed
+    )  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = make_model(config).to(rt.device)
     total_steps = args.steps if args.taper else None
     optimizer, schedule = noam_optimizer(
-        model, args.d_model, args.warmup, args.lr_factor, eps=args.adam_eps, total_steps=total_steps
+        model,
+        args.d_model,
+        args.warmup,
+        args.lr_factor,
+        eps=args.adam_eps,
+        total_steps=total_steps,
     )
     averaged = weight_average(model, args.average) if args.average is not None else None
     start_step, elapsed_before = 0, 0.0
@@ -457,30 +556,46 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
         schedule.load_state_dict(state["schedule"])
         start_step, elapsed_before = state["step"], state["elapsed_s"]
     wrapped: nn.Module = (
-        DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+        DistributedDataParallel(
+            model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
+        )
         if rt.distributed
         else model
     )
-    loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, RECIPES[args.task].smoothing, config.pad_id)
+    loss_fn = LabelSmoothingLoss(
+        config.tgt_vocab_size, RECIPES[args.task].smoothing, config.pad_id
+    )
 
     record: dict[str, Any] = {}
     loss_sum, loss_steps = torch.zeros((), device=rt.device), 0
     started = time.perf_counter()
     bar = progress_bar(
-        args.steps, desc=f"{args.task} ×{rt.world_size}", unit="step", initial=start_step, enabled=rt.is_main
+        args.steps,
+        desc=f"{args.task} ×{rt.world_size}",
+        unit="step",
+        initial=start_step,
+        enabled=rt.is_main,
     )
     for step in range(start_step + 1, args.steps + 1):
-        full = global_batch(task, args.batch_size, args.seed, step)  # identical on every rank
+        full = global_batch(
+            task, args.batch_size, args.seed, step
+        )  # identical on every rank
         part = shard(full, rt.rank, rt.world_size, config.pad_id).to(rt.device)
-        torch.manual_seed(derive_seed(args.seed, step, rt.rank))  # this rank's dropout for this step
+        torch.manual_seed(
+            derive_seed(args.seed, step, rt.rank)
+        )  # this rank's dropout for this step
         # DDP all-reduces (averages) the gradients during backward; the scale makes that average
         # the one-process gradient.
         scale = rank_loss_scale(part, full.num_tokens, rt.world_size)
         loss, lr = train_step(wrapped, part, loss_fn, optimizer, schedule, clip_norm=args.clip_norm,
                               loss_scale=scale, bf16=args.bf16)  # fmt: skip
-        loss_sum += loss.detach() / rt.world_size  # summed over ranks below: the global-batch loss
+        loss_sum += (
+            loss.detach() / rt.world_size
+        )  # summed over ranks below: the global-batch loss
         loss_steps += 1
-        if averaged is not None:  # every rank holds the same weights after DDP's update, so the same average
+        if (
+            averaged is not None
+        ):  # every rank holds the same weights after DDP's update, so the same average
             averaged.update_parameters(model)
 
         if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
@@ -491,13 +606,28 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
             loss_steps = 0
             if rt.is_main:
                 elapsed = elapsed_before + time.perf_counter() - started
-                scored = model if averaged is None else averaged.module  # the recipe scores the average
-                record["exact_match"] = evaluate(scored, task, args.eval_size, rt.device, args.bf16)
+                scored = (
+                    model if averaged is None else averaged.module
+                )  # the recipe scores the average
+                record["exact_match"] = evaluate(
+                    scored, task, args.eval_size, rt.device, args.bf16
+                )
                 record.update(elapsed_s=round(elapsed, 3), world_size=rt.world_size)
                 emit(record)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['exact_match']:.3f}")
+                bar.set_postfix(
+                    loss=f"{record['loss']:.4f}", acc=f"{record['exact_match']:.3f}"
+                )
                 save_checkpoint(
-                    args.out, model, averaged, optimizer, schedule, step, elapsed, args, config, rt.world_size
+                    args.out,
+                    model,
+                    averaged,
+                    optimizer,
+                    schedule,
+                    step,
+                    elapsed,
+                    args,
+                    config,
+                    rt.world_size,
                 )
         bar.update(1)
     bar.close()
@@ -512,7 +642,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv, world_size_from_env())
         rt = setup_processes(args.bf16)
     except ValueError as error:
-        build_parser().error(str(error))  # prints usage and the message, exits with status 2
+        build_parser().error(
+            str(error)
+        )  # prints usage and the message, exits with status 2
     try:
         train_run(args, rt)
     except ValueError as error:  # e.g. a checkpoint that belongs to another run

@@ -79,7 +79,12 @@ class Batch:
     @classmethod
     def from_pairs(cls, src: Tensor, tgt: Tensor, pad_id: int = 0) -> Batch:
         """``src (B, S)`` and the full target ``tgt (B, T + 1)`` (BOS … EOS, then padding)."""
-        if src.dim() != 2 or tgt.dim() != 2 or src.shape[0] != tgt.shape[0] or tgt.shape[1] < 2:
+        if (
+            src.dim() != 2
+            or tgt.dim() != 2
+            or src.shape[0] != tgt.shape[0]
+            or tgt.shape[1] < 2
+        ):
             raise ValueError(
                 f"src and tgt must be (batch, len) with the same batch and tgt at least 2 long, "
                 f"got src {shape_of(src)} and tgt {shape_of(tgt)}"
@@ -107,7 +112,10 @@ class Batch:
 
 
 def copy_task_batch(
-    batch_size: int, vocab_size: int = 11, length: int = 10, generator: torch.Generator | None = None
+    batch_size: int,
+    vocab_size: int = 11,
+    length: int = 10,
+    generator: torch.Generator | None = None,
 ) -> Batch:
     """Random sequences whose target is themselves: ids in ``[1, vocab_size)``, the first one set to 1.
 
@@ -117,7 +125,9 @@ def copy_task_batch(
     check_positive(batch_size, "batch_size")
     check_positive(length, "length")
     if vocab_size < 3:
-        raise ValueError(f"vocab_size must be at least 3 (padding, start, one symbol), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be at least 3 (padding, start, one symbol), got {vocab_size}"
+        )
     data = torch.randint(1, vocab_size, (batch_size, length), generator=generator)
     data[:, 0] = 1
     return Batch.from_pairs(data.clone(), data, pad_id=0)
@@ -133,16 +143,29 @@ class CopyTask:
 
     bos_id, eos_id, pad_id = 1, None, 0
 
-    def __init__(self, vocab_size: int = 11, length: int = 10, held_out: int = 1000, seed: int = 0) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 11,
+        length: int = 10,
+        held_out: int = 1000,
+        seed: int = 0,
+    ) -> None:
         check_positive(held_out, "held_out")
         self.vocab_size, self.length = vocab_size, length
         self.src_vocab_size = self.tgt_vocab_size = vocab_size
-        self.test_batch = copy_task_batch(held_out, vocab_size, length, torch.Generator().manual_seed(seed))
+        self.test_batch = copy_task_batch(
+            held_out, vocab_size, length, torch.Generator().manual_seed(seed)
+        )
 
     def train_batch(self, batch_size: int, rng: random.Random | None = None) -> Batch:
         """A batch of fresh random sequences; ``rng`` (a ``random.Random``) makes it repeatable."""
         seed = (rng or random).getrandbits(63)
-        return copy_task_batch(batch_size, self.vocab_size, self.length, torch.Generator().manual_seed(seed))
+        return copy_task_batch(
+            batch_size,
+            self.vocab_size,
+            self.length,
+            torch.Generator().manual_seed(seed),
+        )
 
     def test_set(self) -> tuple[Tensor, Tensor]:
         """The held-out sequences as ``(src, tgt)``, both ``(held_out, length)``: the target is the source."""
@@ -199,7 +222,13 @@ class DateTask:
     characters of ``YYYY-MM-DD``.
     """
 
-    def __init__(self, first_year: int = 1950, last_year: int = 2049, held_out: int = 1000, seed: int = 0) -> None:
+    def __init__(
+        self,
+        first_year: int = 1950,
+        last_year: int = 2049,
+        held_out: int = 1000,
+        seed: int = 0,
+    ) -> None:
         if first_year > last_year:
             raise ValueError(f"first_year={first_year} is after last_year={last_year}")
         start, end = dt.date(first_year, 1, 1), dt.date(last_year, 12, 31)
@@ -213,8 +242,15 @@ class DateTask:
         self.tgt_vocab = Vocabulary("0123456789-")
         self.src_len = max(len(words) for words in self.sources.values())
         self.tgt_len = 10 + 2  # BOS, YYYY-MM-DD, EOS
-        self.src_vocab_size, self.tgt_vocab_size = len(self.src_vocab), len(self.tgt_vocab)
-        self.bos_id, self.eos_id, self.pad_id = self.tgt_vocab.bos_id, self.tgt_vocab.eos_id, self.tgt_vocab.pad_id
+        self.src_vocab_size, self.tgt_vocab_size = (
+            len(self.src_vocab),
+            len(self.tgt_vocab),
+        )
+        self.bos_id, self.eos_id, self.pad_id = (
+            self.tgt_vocab.bos_id,
+            self.tgt_vocab.eos_id,
+            self.tgt_vocab.pad_id,
+        )
 
     def encode(self, dates: Sequence[dt.date]) -> tuple[Tensor, Tensor]:
         """Source ids ``(n, src_len)`` padded, and target ids ``(n, 12)``: BOS, 10 characters, EOS."""
@@ -224,7 +260,11 @@ class DateTask:
             ids = self.src_vocab.encode(self.sources[date])
             src[row, : len(ids)] = torch.tensor(ids)
             tgt[row] = torch.tensor(
-                [self.tgt_vocab.bos_id, *self.tgt_vocab.encode(list(date.isoformat())), self.tgt_vocab.eos_id]
+                [
+                    self.tgt_vocab.bos_id,
+                    *self.tgt_vocab.encode(list(date.isoformat())),
+                    self.tgt_vocab.eos_id,
+                ]
             )
         return src, tgt
 
@@ -233,7 +273,8 @@ class DateTask:
         check_positive(batch_size, "batch_size")
         chooser = rng or random
         return Batch.from_pairs(
-            *self.encode(chooser.choices(self.train_dates, k=batch_size)), pad_id=self.src_vocab.pad_id
+            *self.encode(chooser.choices(self.train_dates, k=batch_size)),
+            pad_id=self.src_vocab.pad_id,
         )
 
     def test_set(self) -> tuple[Tensor, Tensor]:

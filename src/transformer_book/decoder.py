@@ -30,7 +30,14 @@ class DecoderLayer(nn.Module):
     Equal to ``nn.TransformerDecoderLayer(..., batch_first=True)`` with the same weights.
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        norm_first: bool = False,
+    ) -> None:
         super().__init__()
         self.d_model = d_model
         self.norm_first = norm_first
@@ -53,9 +60,8 @@ class DecoderLayer(nn.Module):
         tgt_mask: Tensor | None = None,
         cache: LayerCache | None = None,
     ) -> Tensor:
-        """Masks by keyword only: ``nn.TransformerDecoderLayer`` takes them in the other order
-        (``tgt_mask`` first), and two masks of the same shape would swap silently. With
-        ``cache`` (chapter 9), ``x`` holds only the new positions."""
+        """Masks by keyword only (``nn.TransformerDecoderLayer`` takes ``tgt_mask`` first:
+        masks of one shape would swap silently). With ``cache``, ``x`` is new positions."""
         check_features(x, "x", self.d_model)
         check_features(memory, "memory", self.d_model)
         self_cache = cache.self_attn if cache is not None else None
@@ -64,12 +70,13 @@ class DecoderLayer(nn.Module):
         def self_attention(h: Tensor) -> Tensor:  # the decoder's own past, masked
             return self.self_attn(h, h, h, tgt_mask, cache=self_cache)[0]
 
-        def cross_attention(h: Tensor) -> Tensor:  # queries from here, keys and values from the encoder
+        def cross_attention(h: Tensor) -> Tensor:  # keys and values: the encoder's
             return self.cross_attn(h, memory, memory, src_mask, cache=cross_cache)[0]
 
-        x = sublayer_connection(x, self_attention, self.norm1, self.dropout1, self.norm_first)
-        x = sublayer_connection(x, cross_attention, self.norm2, self.dropout2, self.norm_first)
-        return sublayer_connection(x, self.feed_forward, self.norm3, self.dropout3, self.norm_first)
+        pre = self.norm_first  # pre-norm, or the paper's post-norm
+        x = sublayer_connection(x, self_attention, self.norm1, self.dropout1, pre)
+        x = sublayer_connection(x, cross_attention, self.norm2, self.dropout2, pre)
+        return sublayer_connection(x, self.feed_forward, self.norm3, self.dropout3, pre)
 
 
 class Decoder(nn.Module):
@@ -101,8 +108,12 @@ class Decoder(nn.Module):
         ones appended to it.
         """
         if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache has {len(cache)} entries but the decoder has {len(self.layers)} layers")
+            raise ValueError(
+                f"cache has {len(cache)} entries but the decoder has {len(self.layers)} layers"
+            )
         for index, layer in enumerate(self.layers):
             layer_cache = cache[index] if cache is not None else None
-            x = layer(x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=layer_cache)
+            x = layer(
+                x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=layer_cache
+            )
         return self.norm(x)

@@ -35,7 +35,10 @@ PALETTE: dict[str, tuple[str, str]] = {
 ACCENT = "#e8590c"  # the highlight: the part a chapter builds
 
 _FILLS = "".join(f".tbd .f-{k}{{fill:{light}}}" for k, (light, _) in PALETTE.items())
-_DARK = "".join(f"html[data-theme=dark] .tbd .f-{k}{{fill:{dark}}}" for k, (_, dark) in PALETTE.items())
+_DARK = "".join(
+    f"html[data-theme=dark] .tbd .f-{k}{{fill:{dark}}}"
+    for k, (_, dark) in PALETTE.items()
+)
 STYLE = (
     ".tbd{max-width:100%;height:auto;color:inherit;font-family:Helvetica,Arial,sans-serif;font-size:13px}"
     ".tbd text{fill:currentColor;dominant-baseline:middle;text-anchor:middle}"
@@ -73,34 +76,75 @@ class Canvas:
     def __init__(self) -> None:
         self.parts: list[str] = []
 
-    def box(self, x: float, y: float, w: float, h: float, kind: str, label: str = "", extra: str = "", rx: int = 5):
-        self.parts.append(f'<rect class="box f-{kind} {extra}" x="{x}" y="{y}" width="{w}" height="{h}" rx="{rx}"/>')
+    def box(
+        self,
+        x: float,
+        y: float,
+        w: float,
+        h: float,
+        kind: str,
+        label: str = "",
+        extra: str = "",
+        rx: int = 5,
+    ):
+        self.parts.append(
+            f'<rect class="box f-{kind} {extra}" x="{x}" y="{y}" width="{w}" height="{h}" rx="{rx}"/>'
+        )
         if label:
             self.text(x + w / 2, y + h / 2, label)
 
     def text(self, x: float, y: float, label: str, cls: str = "") -> None:
-        self.parts.append(f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}">{html.escape(label)}</text>')
+        self.parts.append(
+            f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}">{html.escape(label)}</text>'
+        )
 
-    def arrow(self, x1: float, y1: float, x2: float, y2: float, extra: str = "", head: bool = True) -> None:
-        self.parts.append(f'<line class="edge {extra}" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}"/>')
+    def arrow(
+        self,
+        x1: float,
+        y1: float,
+        x2: float,
+        y2: float,
+        extra: str = "",
+        head: bool = True,
+    ) -> None:
+        self.parts.append(
+            f'<line class="edge {extra}" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}"/>'
+        )
         if head:
             angle = math.atan2(y2 - y1, x2 - x1)
             points = [(x2, y2)] + [
-                (x2 - 8 * math.cos(angle + s * 0.42), y2 - 8 * math.sin(angle + s * 0.42)) for s in (1, -1)
+                (
+                    x2 - 8 * math.cos(angle + s * 0.42),
+                    y2 - 8 * math.sin(angle + s * 0.42),
+                )
+                for s in (1, -1)
             ]
-            self.parts.append(f'<polygon class="head" points="{" ".join(f"{px:.1f},{py:.1f}" for px, py in points)}"/>')
+            self.parts.append(
+                f'<polygon class="head" points="{" ".join(f"{px:.1f},{py:.1f}" for px, py in points)}"/>'
+            )
 
     def path(self, d: str, extra: str = "") -> None:
         self.parts.append(f'<path class="edge {extra}" d="{d}"/>')
 
     def frame(self, x: float, y: float, w: float, h: float) -> None:
-        self.parts.append(f'<rect class="frame" x="{x}" y="{y}" width="{w}" height="{h}" rx="10"/>')
+        self.parts.append(
+            f'<rect class="frame" x="{x}" y="{y}" width="{w}" height="{h}" rx="10"/>'
+        )
 
-    def grid(self, x: float, y: float, cells: Sequence[Sequence[bool]], size: float, kind: str = "att") -> None:
+    def grid(
+        self,
+        x: float,
+        y: float,
+        cells: Sequence[Sequence[bool]],
+        size: float,
+        kind: str = "att",
+    ) -> None:
         """A matrix of squares: a True cell is filled with ``kind``, a False one left empty."""
         for i, row in enumerate(cells):
             for j, on in enumerate(row):
-                self.box(x + j * size, y + i * size, size, size, kind if on else "off", rx=0)
+                self.box(
+                    x + j * size, y + i * size, size, size, kind if on else "off", rx=0
+                )
 
     def render(self, width: float, height: float, title: str, alt: str) -> Diagram:
         key = hashlib.sha1((title + alt + "".join(self.parts)).encode()).hexdigest()[:8]
@@ -136,20 +180,55 @@ _MAP_BLOCKS = [
 ]
 _ATTENTION = ("enc_attn", "dec_self", "dec_cross")
 _ENCODER = ("enc_attn", "enc_norm1", "enc_ffn", "enc_norm2")
-_DECODER = ("dec_self", "dec_norm1", "dec_cross", "dec_norm2", "dec_ffn", "dec_norm3", "out")
+_DECODER = (
+    "dec_self",
+    "dec_norm1",
+    "dec_cross",
+    "dec_norm2",
+    "dec_ffn",
+    "dec_norm3",
+    "out",
+)
 
 #: What each chapter builds (the blocks its map highlights, and a sentence for the alt text).
 CHAPTER_PARTS: dict[str, tuple[tuple[str, ...], str]] = {
-    "why_attention": (_ATTENTION, "the three attention blocks, which replace recurrence"),
-    "embedding": (("src_emb", "tgt_emb"), "the two embeddings that turn token ids into vectors"),
-    "positional": (("src_pe", "tgt_pe"), "the positional encodings added to the embeddings"),
-    "attention": (_ATTENTION, "the scaled dot-product attention inside the three attention blocks"),
-    "multi_head": (_ATTENTION, "the multi-head attention of the three attention blocks"),
-    "masking": (("enc_attn", "dec_self"), "the padding mask of the encoder and the causal mask of the decoder"),
-    "encoder": (_ENCODER, "the encoder layer: self-attention, feed-forward, residual connections and LayerNorm"),
+    "why_attention": (
+        _ATTENTION,
+        "the three attention blocks, which replace recurrence",
+    ),
+    "embedding": (
+        ("src_emb", "tgt_emb"),
+        "the two embeddings that turn token ids into vectors",
+    ),
+    "positional": (
+        ("src_pe", "tgt_pe"),
+        "the positional encodings added to the embeddings",
+    ),
+    "attention": (
+        _ATTENTION,
+        "the scaled dot-product attention inside the three attention blocks",
+    ),
+    "multi_head": (
+        _ATTENTION,
+        "the multi-head attention of the three attention blocks",
+    ),
+    "masking": (
+        ("enc_attn", "dec_self"),
+        "the padding mask of the encoder and the causal mask of the decoder",
+    ),
+    "encoder": (
+        _ENCODER,
+        "the encoder layer: self-attention, feed-forward, residual connections and LayerNorm",
+    ),
     "decoder": (_DECODER, "the decoder layer and the output projection"),
-    "training": (("out", "tgt_emb"), "the shifted target that goes in and the probabilities the loss compares"),
-    "inference": (("out", "tgt_emb"), "the loop that feeds each predicted token back into the decoder"),
+    "training": (
+        ("out", "tgt_emb"),
+        "the shifted target that goes in and the probabilities the loss compares",
+    ),
+    "inference": (
+        ("out", "tgt_emb"),
+        "the loop that feeds each predicted token back into the decoder",
+    ),
 }
 _FLOW = "Source ids go through embedding and positional encoding into N encoder layers (self-attention, then feed-forward, each followed by add and norm); their output, the memory, feeds the cross-attention of N decoder layers, which read the target shifted right through masked self-attention, cross-attention and feed-forward; a linear layer and softmax give next-token probabilities."  # noqa: E501
 
@@ -160,13 +239,17 @@ def architecture_map(highlight: str) -> Diagram:
     ``highlight`` is a key of :data:`CHAPTER_PARTS` (``"embedding"``, ``"attention"``, ...).
     """
     if highlight not in CHAPTER_PARTS:
-        raise ValueError(f"highlight must be one of {sorted(CHAPTER_PARTS)}, got {highlight!r}")
+        raise ValueError(
+            f"highlight must be one of {sorted(CHAPTER_PARTS)}, got {highlight!r}"
+        )
     lit, what = CHAPTER_PARTS[highlight]
     c = Canvas()
     col_x, w, h, gap, bottom = (30, 330), 210, 24, 8, 330
 
     def top_of(row: int) -> float:
-        return bottom - row * (h + gap) - (14 if row >= 2 else 0) - (20 if row >= 8 else 0)
+        return (
+            bottom - row * (h + gap) - (14 if row >= 2 else 0) - (20 if row >= 8 else 0)
+        )
 
     for block, col, row, kind, label, chapter in _MAP_BLOCKS:
         x, y = col_x[col], top_of(row)
@@ -174,7 +257,9 @@ def architecture_map(highlight: str) -> Diagram:
         c.box(x, y, w, h, kind, extra="hl" if on else "dim")
         c.text(x + w / 2 - 10, y + h / 2, label, "b" if on else "")
         c.text(x + w - 6, y + h / 2, f"ch {chapter}", "s " + ("hlt" if on else ""))
-        c.parts[-1] = c.parts[-1].replace('class="s', 'style="text-anchor:end" class="s')
+        c.parts[-1] = c.parts[-1].replace(
+            'class="s', 'style="text-anchor:end" class="s'
+        )
         below = bottom + h + 22 if row == 0 else top_of(row - 1)
         c.arrow(x + w / 2, below, x + w / 2, y + h)
     # the N× frames around the repeated layers
@@ -185,16 +270,27 @@ def architecture_map(highlight: str) -> Diagram:
     # inputs, output and the memory
     c.text(col_x[0] + w / 2, bottom + h + 32, "source ids  (B × n)", "s")
     shifted = "hlt" if highlight in ("training", "inference") else ""
-    c.text(col_x[1] + w / 2, bottom + h + 32, "target ids, shifted right  (B × m)", "s " + shifted)
-    c.text(col_x[1] + w / 2, top_of(8) - 22, "next-token probabilities  (B × m × V)", "s")
+    c.text(
+        col_x[1] + w / 2,
+        bottom + h + 32,
+        "target ids, shifted right  (B × m)",
+        "s " + shifted,
+    )
+    c.text(
+        col_x[1] + w / 2, top_of(8) - 22, "next-token probabilities  (B × m × V)", "s"
+    )
     c.arrow(col_x[1] + w / 2, top_of(8), col_x[1] + w / 2, top_of(8) - 14)
     mem_y = top_of(4) + h / 2
-    c.path(f"M {col_x[0] + w / 2} {top_of(5)} V {top_of(6)} H {col_x[0] + w + 28} V {mem_y} H {col_x[1] - 2}")
+    c.path(
+        f"M {col_x[0] + w / 2} {top_of(5)} V {top_of(6)} H {col_x[0] + w + 28} V {mem_y} H {col_x[1] - 2}"
+    )
     c.arrow(col_x[1] - 12, mem_y, col_x[1], mem_y)
     c.text(col_x[0] + w + 30, top_of(6) - 10, "memory", "s")
     if highlight == "inference":  # the prediction goes back in as the next input
         x_loop = col_x[1] + w + 30
-        c.path(f"M {col_x[1] + w} {top_of(8) + h / 2} H {x_loop} V {bottom + h / 2}", "hl")
+        c.path(
+            f"M {col_x[1] + w} {top_of(8) + h / 2} H {x_loop} V {bottom + h / 2}", "hl"
+        )
         c.arrow(x_loop, bottom + h / 2, col_x[1] + w + 2, bottom + h / 2, "hl")
         c.text(x_loop + 4, top_of(4), "next token", "s l hlt")
     width, height = 640, bottom + h + 44
@@ -210,7 +306,9 @@ def recurrent_vs_attention(n: int = 5, steps: int = 3) -> Diagram:
     check_positive(n, "n")
     c = Canvas()
     cell, gap, y_enc, y_dec = 44, 18, 150, 40
-    for panel, (x0, title) in enumerate([(20, "without attention"), (390, "with attention")]):
+    for panel, (x0, title) in enumerate(
+        [(20, "without attention"), (390, "with attention")]
+    ):
         c.text(x0 + 160, 14, f"Recurrent encoder–decoder {title}", "b")
         xs = [x0 + i * (cell + gap) for i in range(n)]
         for i, x in enumerate(xs):
@@ -228,18 +326,36 @@ def recurrent_vs_attention(n: int = 5, steps: int = 3) -> Diagram:
             c.box(xs[-1] + 2, y_dec + 50, cell - 4, 22, "out", "c", "hl")
             c.arrow(xs[-1] + cell / 2, y_enc, xs[-1] + cell / 2, y_dec + 72)
             c.path(f"M {xs[-1] + 2} {y_dec + 61} H {dx[0] + cell / 2} V {y_dec + 30}")
-            c.text(x0 + 150, y_enc + 78, f"all {n} inputs pass through one fixed-size vector c", "s")
+            c.text(
+                x0 + 150,
+                y_enc + 78,
+                f"all {n} inputs pass through one fixed-size vector c",
+                "s",
+            )
         else:  # every decoder step reads every encoder state
             for j, x in enumerate(dx):
                 for xi in xs:
-                    c.arrow(xi + cell / 2, y_enc, x + cell / 2, y_dec + 30, "hl" if j == steps - 1 else "dim")
-            c.text(x0 + 150, y_enc + 78, "each step takes a weighted average of all states", "s")
+                    c.arrow(
+                        xi + cell / 2,
+                        y_enc,
+                        x + cell / 2,
+                        y_dec + 30,
+                        "hl" if j == steps - 1 else "dim",
+                    )
+            c.text(
+                x0 + 150,
+                y_enc + 78,
+                "each step takes a weighted average of all states",
+                "s",
+            )
     alt = (
         f"Two recurrent encoder-decoders side by side. Left: the encoder reads {n} inputs one after the other "
         "and only its final state, a single fixed-size vector c, reaches the decoder. Right: with attention, "
         "every decoder step is connected to every encoder state and takes a weighted average of them."
     )
-    return c.render(760, 250, "Recurrent encoder-decoder without and with attention", alt)
+    return c.render(
+        760, 250, "Recurrent encoder-decoder without and with attention", alt
+    )
 
 
 def embedding_lookup(ids: Sequence[int], vocab_size: int, d_model: int) -> Diagram:
@@ -259,8 +375,20 @@ def embedding_lookup(ids: Sequence[int], vocab_size: int, d_model: int) -> Diagr
         c.arrow(105, y + 12, 200, 40 + (token % rows) * 24 + 12, "dim")
         c.arrow(410, 40 + (token % rows) * 24 + 12, 470, y + 12)
     for r in shown:
-        label = f"row {r}" if r < rows - 1 or vocab_size <= rows else f"… row {vocab_size - 1}"
-        c.box(200, 40 + r * 24, 210, 24, "emb" if r in {t % rows for t in ids} else "off", label, rx=0)
+        label = (
+            f"row {r}"
+            if r < rows - 1 or vocab_size <= rows
+            else f"… row {vocab_size - 1}"
+        )
+        c.box(
+            200,
+            40 + r * 24,
+            210,
+            24,
+            "emb" if r in {t % rows for t in ids} else "off",
+            label,
+            rx=0,
+        )
     height = max(60 + len(ids) * 30, 60 + rows * 24)
     alt = (
         f"Each of the token ids {', '.join(map(str, ids))} selects one row of the {vocab_size} by {d_model} "
@@ -270,13 +398,19 @@ def embedding_lookup(ids: Sequence[int], vocab_size: int, d_model: int) -> Diagr
     return c.render(680, height, "Token ids to vectors", alt)
 
 
-def sinusoid_stack(d_model: int, positions: int = 48, pairs: Sequence[int] | None = None) -> Diagram:
+def sinusoid_stack(
+    d_model: int, positions: int = 48, pairs: Sequence[int] | None = None
+) -> Diagram:
     """Chapter 2: the sine of a few dimension pairs ``i`` (dimension ``2i``), one line each.
 
     The wavelength ``2π · 10000^(2i/d_model)`` grows with ``i``; by default ``i`` = 0, d/32, d/16, d/8.
     """
     check_positive(d_model, "d_model")
-    pairs = pairs if pairs is not None else sorted({0, d_model // 32, d_model // 16, d_model // 8})
+    pairs = (
+        pairs
+        if pairs is not None
+        else sorted({0, d_model // 32, d_model // 16, d_model // 8})
+    )
     c = Canvas()
     width, lane = 520, 54
     for k, i in enumerate(pairs):
@@ -289,10 +423,16 @@ def sinusoid_stack(d_model: int, positions: int = 48, pairs: Sequence[int] | Non
         c.parts.append(f'<polyline class="edge" points="{points}"/>')
         c.text(45, y0, f"dim {2 * i}", "s")
         c.text(90 + width + 50, y0, f"λ = {wavelength:.1f}", "s")
-    c.text(90 + width / 2, 30 + len(pairs) * lane + 10, f"position 0 … {positions - 1}", "s")
+    c.text(
+        90 + width / 2,
+        30 + len(pairs) * lane + 10,
+        f"position 0 … {positions - 1}",
+        "s",
+    )
     alt = (
         f"Sine waves of dimensions {', '.join(str(2 * i) for i in pairs)} of a {d_model}-wide positional "
-        "encoding over positions 0 to " + f"{positions - 1}; each pair of dimensions has a longer wavelength "
+        "encoding over positions 0 to "
+        + f"{positions - 1}; each pair of dimensions has a longer wavelength "
         "than the one before, so together they give every position a distinct pattern."
     )
     return c.render(700, 30 + len(pairs) * lane + 24, "The sinusoid stack", alt)
@@ -329,7 +469,9 @@ def qkv_scores(n: int, d_model: int, d_k: int) -> Diagram:
 def split_heads(batch: int, n: int, d_model: int, num_heads: int) -> Diagram:
     """Chapter 4: (B, n, d_model) → view → (B, n, h, d_k) → transpose → (B, h, n, d_k) → attention → merge → W^O."""
     if d_model % num_heads:
-        raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
+        raise ValueError(
+            f"d_model={d_model} must be divisible by num_heads={num_heads}"
+        )
     d_k = d_model // num_heads
     c = Canvas()
     shown = min(num_heads, 8)
@@ -347,7 +489,14 @@ def split_heads(batch: int, n: int, d_model: int, num_heads: int) -> Diagram:
             c.box(x, y_top, 100, strip * 2, "emb" if k == 0 else "out")
         else:
             for h in range(shown):
-                c.box(x + h * (100 / shown), y_top, 100 / shown, strip * 2, "att" if k == 3 else "pe", rx=0)
+                c.box(
+                    x + h * (100 / shown),
+                    y_top,
+                    100 / shown,
+                    strip * 2,
+                    "att" if k == 3 else "pe",
+                    rx=0,
+                )
         c.text(x + 50, y_top + strip * 2 + 16, shape, "s b")
         c.text(x + 50, y_top + strip * 2 + 32, label, "s")
         if k:
@@ -368,29 +517,52 @@ def mask_grids(lengths: Sequence[int], size: int) -> Diagram:
     cell = 18
     panels = []
     for n in lengths:
-        panels.append((f"padding, length {n}", [[j < n for j in range(size)] for _ in range(size)]))
+        panels.append(
+            (
+                f"padding, length {n}",
+                [[j < n for j in range(size)] for _ in range(size)],
+            )
+        )
     panels.append(("causal", [[j <= i for j in range(size)] for i in range(size)]))
     n0 = lengths[-1]
-    panels.append((f"causal and padding ({n0})", [[j <= i and j < n0 for j in range(size)] for i in range(size)]))
+    panels.append(
+        (
+            f"causal and padding ({n0})",
+            [[j <= i and j < n0 for j in range(size)] for i in range(size)],
+        )
+    )
     for k, (title, cells) in enumerate(panels):
         x = 20 + k * (size * cell + 40)
         c.text(x + size * cell / 2, 16, title, "s b")
         c.grid(x, 30, cells, cell, "att")
-    c.text(20, 30 + size * cell + 16, "rows: queries · columns: keys · filled: may attend (True)", "s l")
+    c.text(
+        20,
+        30 + size * cell + 16,
+        "rows: queries · columns: keys · filled: may attend (True)",
+        "s l",
+    )
     alt = (
         f"Boolean masks on a {size} by {size} grid of queries and keys, filled where attention is allowed. "
         f"Padding masks for lengths {', '.join(map(str, lengths))} allow only the real key columns; the causal "
         "mask allows the lower triangle, so each position sees itself and the positions before it; the "
         "decoder's mask is both at once."
     )
-    return c.render(20 + len(panels) * (size * cell + 40), 30 + size * cell + 30, "Padding and causal masks", alt)
+    return c.render(
+        20 + len(panels) * (size * cell + 40),
+        30 + size * cell + 30,
+        "Padding and causal masks",
+        alt,
+    )
 
 
 def residual_sublayer() -> Diagram:
     """Chapter 6: the residual + LayerNorm sublayer, post-norm (the paper) and pre-norm side by side."""
     c = Canvas()
     for k, (title, order) in enumerate(
-        [("post-norm (the paper)", ["sublayer", "add", "LayerNorm"]), ("pre-norm", ["LayerNorm", "sublayer", "add"])]
+        [
+            ("post-norm (the paper)", ["sublayer", "add", "LayerNorm"]),
+            ("pre-norm", ["LayerNorm", "sublayer", "add"]),
+        ]
     ):
         x = 40 + k * 320
         c.text(x + 90, 14, title, "b")
@@ -399,7 +571,11 @@ def residual_sublayer() -> Diagram:
         c.arrow(x + 90, 252, x + 90, ys[0] + 30)
         for j, (step, y) in enumerate(zip(order, ys)):
             kind = {"sublayer": "att", "add": "norm", "LayerNorm": "norm"}[step]
-            label = "attention or FFN" if step == "sublayer" else ("+" if step == "add" else "LayerNorm")
+            label = (
+                "attention or FFN"
+                if step == "sublayer"
+                else ("+" if step == "add" else "LayerNorm")
+            )
             c.box(x + 30, y, 120, 30, kind, label)
             if j:
                 c.arrow(x + 90, ys[j - 1], x + 90, y + 30)
@@ -423,8 +599,20 @@ def three_attentions(n: int, m: int) -> Diagram:
     c = Canvas()
     rows = [
         ("encoder self-attention", "source", "source", f"{n}×{n}", "padding mask"),
-        ("decoder masked self-attention", "target", "target", f"{m}×{m}", "causal mask"),
-        ("cross-attention", "target", "memory (encoder output)", f"{m}×{n}", "source padding mask"),
+        (
+            "decoder masked self-attention",
+            "target",
+            "target",
+            f"{m}×{m}",
+            "causal mask",
+        ),
+        (
+            "cross-attention",
+            "target",
+            "memory (encoder output)",
+            f"{m}×{n}",
+            "source padding mask",
+        ),
     ]
     c.text(110, 14, "attention", "b")
     c.text(300, 14, "queries from", "b")
@@ -434,7 +622,14 @@ def three_attentions(n: int, m: int) -> Diagram:
         y = 30 + k * 50
         c.box(10, y, 200, 36, "att", name)
         c.box(240, y, 120, 36, "emb" if q == "source" else "out", q)
-        c.box(390, y, 160, 36, "emb" if kv == "source" else ("out" if kv == "target" else "ffn"), kv)
+        c.box(
+            390,
+            y,
+            160,
+            36,
+            "emb" if kv == "source" else ("out" if kv == "target" else "ffn"),
+            kv,
+        )
         c.text(640, y + 11, shape, "s b")
         c.text(640, y + 26, mask, "s")
     alt = (
@@ -476,10 +671,28 @@ def kv_cache_steps(steps: int) -> Diagram:
         c.text(40, y + cell / 2, f"step {s}", "s b")
         for j in range(s):
             kind = "pe" if j == s - 1 else "att"
-            c.box(90 + j * (cell + 4), y, cell, cell, kind, f"k{j}", "hl" if j == s - 1 else "")
-        c.text(90 + steps * (cell + 4) + 110, y + cell / 2, f"1 new row, {s - 1} reused", "s")
+            c.box(
+                90 + j * (cell + 4),
+                y,
+                cell,
+                cell,
+                kind,
+                f"k{j}",
+                "hl" if j == s - 1 else "",
+            )
+        c.text(
+            90 + steps * (cell + 4) + 110,
+            y + cell / 2,
+            f"1 new row, {s - 1} reused",
+            "s",
+        )
     alt = (
         f"The key and value cache over {steps} decoding steps: at step s the cache holds s rows; only the newest "
         "row is computed, the rows of earlier steps are reused, so each step costs one position instead of all."
     )
-    return c.render(90 + steps * (cell + 4) + 220, 30 + steps * (cell + 12), "The KV cache growing", alt)
+    return c.render(
+        90 + steps * (cell + 4) + 220,
+        30 + steps * (cell + 12),
+        "The KV cache growing",
+        alt,
+    )

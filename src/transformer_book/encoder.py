@@ -12,30 +12,33 @@ from .layers import FeedForward, final_norm, sublayer_connection
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then a feed-forward network, each inside a residual connection + LayerNorm.
+    """Self-attention, then a feed-forward network, each in a residual + LayerNorm.
 
-    Shapes: ``x (batch, seq, d_model)``, ``mask`` boolean broadcastable to
-    ``(batch, seq, seq)`` (True = may attend) → ``(batch, seq, d_model)``.
-    Equal to ``nn.TransformerEncoderLayer(..., batch_first=True)`` with the same weights.
+    ``x (batch, seq, d_model)``, ``mask`` broadcastable to ``(batch, seq, seq)`` →
+    ``(batch, seq, d_model)``: ``nn.TransformerEncoderLayer``'s, with the same weights.
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        norm_first: bool = False,
+    ) -> None:
         super().__init__()
-        self.d_model = d_model
-        self.norm_first = norm_first
+        self.d_model, self.norm_first = d_model, norm_first
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         check_features(x, "x", self.d_model)
-        x = sublayer_connection(
-            x, lambda h: self.self_attn(h, h, h, mask)[0], self.norm1, self.dropout1, self.norm_first
-        )
-        return sublayer_connection(x, self.feed_forward, self.norm2, self.dropout2, self.norm_first)
+        attend = lambda h: self.self_attn(h, h, h, mask)[0]  # noqa: E731
+        pre = self.norm_first  # pre-norm, or the paper's post-norm
+        x = sublayer_connection(x, attend, self.norm1, self.dropout1, pre)
+        return sublayer_connection(x, self.feed_forward, self.norm2, self.dropout2, pre)
 
 
 class Encoder(nn.Module):

@@ -59,7 +59,11 @@ _SEED = 20240917  # every input of every check comes from generators seeded from
 
 def _anchor(title: str) -> str:
     """The HTML id Sphinx gives a section titled ``title`` (docutils' ``make_id``)."""
-    text = unicodedata.normalize("NFKD", title.lower()).encode("ascii", "ignore").decode("ascii")
+    text = (
+        unicodedata.normalize("NFKD", title.lower())
+        .encode("ascii", "ignore")
+        .decode("ascii")
+    )
     text = re.sub(r"[^a-z0-9]+", "-", " ".join(text.split()))
     return re.sub(r"^[-0-9]+|-+$", "", text)
 
@@ -72,7 +76,9 @@ class Section:
     chapter: int | str
     page: str
     title: str
-    anchor: str = ""  # when the section has a label of its own instead of the heading's id
+    anchor: str = (
+        ""  # when the section has a label of its own instead of the heading's id
+    )
 
     @property
     def link(self) -> str:
@@ -129,7 +135,9 @@ class CheckResult:
     def headline(self) -> str:
         if self.passed:
             return f"✅ {self.name}: passed"
-        return f"❌ {self.name}: " + (f"mistake “{self.mistake}”" if self.mistake else "not passed")
+        return f"❌ {self.name}: " + (
+            f"mistake “{self.mistake}”" if self.mistake else "not passed"
+        )
 
     def __str__(self) -> str:
         return f"{self.headline}\n{self.message}"
@@ -138,13 +146,17 @@ class CheckResult:
         return f"CheckResult(name={self.name!r}, passed={self.passed}, mistake={self.mistake!r})\n{self.message}"
 
     def _repr_markdown_(self) -> str:
-        body = re.sub(r"\(((?:[\w-]+/)*[\w-]+\.html#[\w-]+)\)", r"([\1](\1))", self.message)
+        body = re.sub(
+            r"\(((?:[\w-]+/)*[\w-]+\.html#[\w-]+)\)", r"([\1](\1))", self.message
+        )
         return f"**{self.headline}**\n\n" + body.replace("\n", "\n\n")
 
     def _repr_html_(self) -> str:
         colour = "#2e7d32" if self.passed else "#c62828"
         body = html.escape(self.message).replace("\n", "<br>")
-        body = re.sub(r"((?:[\w-]+/)*[\w-]+\.html#[\w-]+)", r'<a href="\1">\1</a>', body)
+        body = re.sub(
+            r"((?:[\w-]+/)*[\w-]+\.html#[\w-]+)", r'<a href="\1">\1</a>', body
+        )
         return (
             f'<div style="border-left: 4px solid {colour}; padding: 0.3em 0.8em; margin: 0.3em 0">'
             f"<strong>{html.escape(self.headline)}</strong><br>{body}</div>"
@@ -177,8 +189,12 @@ class _Case:
     label: str
     make: Callable[[], Any]
     needs: tuple[str, ...] = ()
-    on_error: str = ""  # a fact worth adding when the reader's version raises on this case
-    ticks: dict[str, tuple[Sequence, ...]] = field(default_factory=dict)  # index → label, per output axis
+    on_error: str = (
+        ""  # a fact worth adding when the reader's version raises on this case
+    )
+    ticks: dict[str, tuple[Sequence, ...]] = field(
+        default_factory=dict
+    )  # index → label, per output axis
 
 
 @dataclass(frozen=True)
@@ -191,16 +207,24 @@ class _Spec:
     summary: str
     section: Section
     cases: Callable[[], list[_Case]]
-    run: Callable[[Any, Any], dict[str, Any]]  # (implementation, case inputs) → named outputs
+    run: Callable[
+        [Any, Any], dict[str, Any]
+    ]  # (implementation, case inputs) → named outputs
     mistakes: tuple[Mistake, ...]
     axes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     strict_dtype: bool = True
     tolerance: dict[torch.dtype, tuple[float, float]] = field(default_factory=dict)
-    broadcast_equivalent: bool = False  # a result without the package's leading size-1 axes is the same
+    broadcast_equivalent: bool = (
+        False  # a result without the package's leading size-1 axes is the same
+    )
     grad: bool = False
 
 
-_TOLERANCE = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 1e-3)}
+_TOLERANCE = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+}
 
 
 def _generator(offset: int) -> torch.Generator:
@@ -208,7 +232,11 @@ def _generator(offset: int) -> torch.Generator:
 
 
 def _display(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return (
+        getattr(fn, "__qualname__", None)
+        or getattr(fn, "__name__", None)
+        or type(fn).__name__
+    )
 
 
 def _call(context: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -217,7 +245,10 @@ def _call(context: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except _ReaderProblem:
         raise
-    except (Exception, SystemExit) as error:  # SystemExit too: a reader's sys.exit() must not end the session
+    except (
+        Exception,
+        SystemExit,
+    ) as error:  # SystemExit too: a reader's sys.exit() must not end the session
         raise _ReaderError(context, error) from error
 
 
@@ -229,7 +260,9 @@ def _accepted(fn: Any) -> tuple[set[str], bool] | None:
     except (TypeError, ValueError):
         return None
     names = {p.name for p in signature.parameters.values()}
-    return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+    return names, any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+    )
 
 
 def _takes(fn: Any, name: str) -> bool:
@@ -244,7 +277,12 @@ def _keywords(fn: Any, **wanted: Any) -> dict[str, Any]:
 
 def _named(raw: Any, names: tuple[str, ...]) -> dict[str, Any]:
     """Name what a call returned: a tuple's items in order (``None`` items dropped), else the value."""
-    if len(names) > 1 and isinstance(raw, (tuple, list)) and raw and isinstance(raw[0], Tensor):
+    if (
+        len(names) > 1
+        and isinstance(raw, (tuple, list))
+        and raw
+        and isinstance(raw[0], Tensor)
+    ):
         return {key: value for key, value in zip(names, raw) if value is not None}
     return {names[0]: raw}
 
@@ -252,7 +290,11 @@ def _named(raw: Any, names: tuple[str, ...]) -> dict[str, Any]:
 def _as_tensor(value: Any) -> Tensor | None:
     if isinstance(value, Tensor):
         return value
-    if isinstance(value, (bool, int, float)) or type(value).__module__ == "numpy" or isinstance(value, list):
+    if (
+        isinstance(value, (bool, int, float))
+        or type(value).__module__ == "numpy"
+        or isinstance(value, list)
+    ):
         try:
             return torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
@@ -282,13 +324,17 @@ def _axis_names(ndim: int, names: tuple[str, ...]) -> list[str]:
     return [names[0], *names[len(names) - ndim + 1 :]]
 
 
-def _where(index: Sequence[int], axes: list[str], ticks: tuple[Sequence, ...] | None) -> str:
+def _where(
+    index: Sequence[int], axes: list[str], ticks: tuple[Sequence, ...] | None
+) -> str:
     if not index:
         return "the value"
     parts = []
     for axis, i in enumerate(index):
         tick = ticks[axis] if ticks and axis < len(ticks) else None
-        parts.append(f"{axes[axis]}={tick[i]}" if tick is not None else f"{axes[axis]} {i}")
+        parts.append(
+            f"{axes[axis]}={tick[i]}" if tick is not None else f"{axes[axis]} {i}"
+        )
     return ", ".join(parts)
 
 
@@ -298,7 +344,11 @@ def _tensor_difference(
     """``(difference, note)``: what differs between the reader's ``got`` and the package's ``want``
     (``None`` if they agree), and a remark for a result that agrees in a form of its own."""
     note = None
-    if spec.broadcast_equivalent and got.dim() < want.dim() and got.shape == want.shape[want.dim() - got.dim() :]:
+    if (
+        spec.broadcast_equivalent
+        and got.dim() < want.dim()
+        and got.shape == want.shape[want.dim() - got.dim() :]
+    ):
         if all(size == 1 for size in want.shape[: want.dim() - got.dim()]):
             note = (
                 f"{key} has shape {_shape(got.shape)} where the package's has {_shape(want.shape)}; "
@@ -306,16 +356,24 @@ def _tensor_difference(
             )
             got = got.reshape(want.shape)
     if got.shape != want.shape:
-        return f"{key} has shape {_shape(got.shape)} where the package's has shape {_shape(want.shape)}", None
+        return (
+            f"{key} has shape {_shape(got.shape)} where the package's has shape {_shape(want.shape)}",
+            None,
+        )
     is_bool = want.dtype == torch.bool or got.dtype == torch.bool
     if (spec.strict_dtype or is_bool) and got.dtype != want.dtype:
         meaning = " (True = may attend)" if want.dtype == torch.bool else ""
-        return f"{key} has dtype {got.dtype} where the package's has {want.dtype}{meaning}", None
+        return (
+            f"{key} has dtype {got.dtype} where the package's has {want.dtype}{meaning}",
+            None,
+        )
     if is_bool or not (want.is_floating_point() or got.is_floating_point()):
         bad = got.cpu() != want.cpu()
         error = bad.double()
     else:
-        rtol, atol = spec.tolerance.get(want.dtype) or _TOLERANCE.get(want.dtype, (1e-4, 1e-5))
+        rtol, atol = spec.tolerance.get(want.dtype) or _TOLERANCE.get(
+            want.dtype, (1e-4, 1e-5)
+        )
         g, w = got.detach().cpu().double(), want.detach().cpu().double()
         bad = ~torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
         error = (g - w).abs().nan_to_num(nan=math.inf)
@@ -324,20 +382,34 @@ def _tensor_difference(
     if count == 0:
         return None, note
     if want.numel() == 1 and not ticks:  # a single number: no positions to speak of
-        g0, w0 = got.detach().cpu().flatten()[0].item(), want.detach().cpu().flatten()[0].item()
-        gap = f" (a difference of {error.max().item():.3g})" if isinstance(w0, float) else ""
+        g0, w0 = (
+            got.detach().cpu().flatten()[0].item(),
+            want.detach().cpu().flatten()[0].item(),
+        )
+        gap = (
+            f" (a difference of {error.max().item():.3g})"
+            if isinstance(w0, float)
+            else ""
+        )
         return f"{key}: yours {_value(g0)}, the package's {_value(w0)}{gap}", note
     axes = _axis_names(want.dim(), spec.axes.get(key, ()))
     positions = bad.nonzero().tolist()
     first = positions[0]
-    g0, w0 = got.detach().cpu()[tuple(first)].item(), want.detach().cpu()[tuple(first)].item()
+    g0, w0 = (
+        got.detach().cpu()[tuple(first)].item(),
+        want.detach().cpu()[tuple(first)].item(),
+    )
     text = (
         f"{key}: {count} of {want.numel()} entries differ; the first at {_where(first, axes, ticks)}: "
         f"yours {_value(g0)}, the package's {_value(w0)}"
     )
     if not is_bool and want.is_floating_point():
         worst = int(error.flatten().argmax())
-        worst_index = list(torch.unravel_index(torch.tensor(worst), error.shape)) if error.dim() else []
+        worst_index = (
+            list(torch.unravel_index(torch.tensor(worst), error.shape))
+            if error.dim()
+            else []
+        )
         largest = error.flatten()[worst].item()
         nans = int(got.detach().cpu().isnan().sum()) if got.is_floating_point() else 0
         if math.isinf(largest) and nans:
@@ -351,13 +423,17 @@ def _tensor_difference(
         if want.shape[axis] > 1 and len(hit) < want.shape[axis]:
             tick = ticks[axis] if ticks and axis < len(ticks) else None
             shown = [str(tick[i]) if tick is not None else str(i) for i in hit[:8]]
-            confined.append(f"{axes[axis]} {', '.join(shown)}" + (", …" if len(hit) > 8 else ""))
+            confined.append(
+                f"{axes[axis]} {', '.join(shown)}" + (", …" if len(hit) > 8 else "")
+            )
     if confined:
         text += " (all differences lie at " + "; ".join(confined) + ")"
     return text, note
 
 
-def _difference(spec: _Spec, case: _Case, got: dict[str, Any], want: dict[str, Any]) -> tuple[list[str], list[str]]:
+def _difference(
+    spec: _Spec, case: _Case, got: dict[str, Any], want: dict[str, Any]
+) -> tuple[list[str], list[str]]:
     """Differences (and notes) between the reader's outputs and the package's on one case."""
     differences, notes = [], []
     for key, expected in want.items():
@@ -368,7 +444,9 @@ def _difference(spec: _Spec, case: _Case, got: dict[str, Any], want: dict[str, A
         value = got[key]
         if key == "missing parameters":
             if value != expected:
-                differences.append(f"your module has no {', '.join(value)}, which the package's has")
+                differences.append(
+                    f"your module has no {', '.join(value)}, which the package's has"
+                )
             continue
         if not isinstance(expected, Tensor):
             if isinstance(value, Tensor) or value != expected:
@@ -381,7 +459,9 @@ def _difference(spec: _Spec, case: _Case, got: dict[str, Any], want: dict[str, A
                 f"of shape {_shape(expected.shape)}"
             )
             continue
-        difference, note = _tensor_difference(key, tensor, expected, spec, case.ticks.get(key))
+        difference, note = _tensor_difference(
+            key, tensor, expected, spec, case.ticks.get(key)
+        )
         differences += [difference] if difference else []
         notes += [note] if note else []
     return differences, notes
@@ -390,7 +470,9 @@ def _difference(spec: _Spec, case: _Case, got: dict[str, Any], want: dict[str, A
 def _same(spec: _Spec, case: _Case, got: dict[str, Any], other: dict[str, Any]) -> bool:
     """Whether two versions' outputs agree on every output both give (whatever parameters each has:
     a module may keep a projection it does not use)."""
-    shared = {key: other[key] for key in got if key in other and key != "missing parameters"}
+    shared = {
+        key: other[key] for key in got if key in other and key != "missing parameters"
+    }
     if not shared:
         return False
     return not _difference(spec, case, got, shared)[0]
@@ -406,7 +488,9 @@ def _isolated(grad: bool) -> Iterator[None]:
     torch.set_num_threads(1)
     try:
         with torch.random.fork_rng(devices=gpus), torch.set_grad_enabled(grad):
-            torch.default_generator.manual_seed(_SEED)  # the CPU's only: torch.manual_seed would reseed GPUs
+            torch.default_generator.manual_seed(
+                _SEED
+            )  # the CPU's only: torch.manual_seed would reseed GPUs
             yield
     finally:
         torch.set_num_threads(threads)
@@ -414,14 +498,20 @@ def _isolated(grad: bool) -> Iterator[None]:
 
 _LIBRARY_DIRS = tuple(
     os.path.realpath(path)
-    for path in (os.path.dirname(torch.__file__), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"])
+    for path in (
+        os.path.dirname(torch.__file__),
+        os.path.dirname(__file__),
+        sysconfig.get_paths()["stdlib"],
+    )
 )
 
 
 def _reader_frame(error: BaseException) -> traceback.FrameSummary | None:
     """The last frame of the traceback in the reader's own code (not PyTorch, the package or Python)."""
     frames = traceback.extract_tb(error.__traceback__)
-    own = [f for f in frames if not os.path.realpath(f.filename).startswith(_LIBRARY_DIRS)]
+    own = [
+        f for f in frames if not os.path.realpath(f.filename).startswith(_LIBRARY_DIRS)
+    ]
     return own[-1] if own else None
 
 
@@ -429,11 +519,15 @@ def _describe_error(problem: _ReaderError, case: _Case) -> str:
     error = problem.error
     text = " ".join(str(error).split())
     text = text if len(text) <= 300 else text[:297] + "…"
-    message = f"{problem.context} raised {type(error).__name__}" + (f": {text}" if text else "")
+    message = f"{problem.context} raised {type(error).__name__}" + (
+        f": {text}" if text else ""
+    )
     frame = _reader_frame(error)
     if frame is not None:
         source = f": `{frame.line.strip()}`" if frame.line else ""
-        cell = "ipykernel_" in frame.filename or frame.filename.startswith("<ipython-input")
+        cell = "ipykernel_" in frame.filename or frame.filename.startswith(
+            "<ipython-input"
+        )
         place = "its cell" if cell else os.path.basename(frame.filename)
         message += f" (in {frame.name}, line {frame.lineno} of {place}{source})"
     message += f", on the input “{case.label}”."
@@ -449,18 +543,27 @@ def _kind_problem(spec: _Spec, fn: Any) -> str | None:
             f"package's arguments and copies the package's weights into it. Pass {type(fn).__name__}."
         )
     if spec.kind == "function" and (not callable(fn) or isinstance(fn, type)):
-        return f"check({spec.name!r}, ...) needs your function, got {type(fn).__name__}."
+        return (
+            f"check({spec.name!r}, ...) needs your function, got {type(fn).__name__}."
+        )
     return None
 
 
-def _recognise(spec: _Spec, cases: list[_Case], got: list[dict[str, Any]]) -> Mistake | None:
+def _recognise(
+    spec: _Spec, cases: list[_Case], got: list[dict[str, Any]]
+) -> Mistake | None:
     """The first mistake of the catalogue one of whose variants gives the reader's outputs on every case."""
     for mistake in spec.mistakes:
         for variant in mistake.variants:
             try:
-                if all(_same(spec, case, g, spec.run(variant, case.make())) for case, g in zip(cases, got)):
+                if all(
+                    _same(spec, case, g, spec.run(variant, case.make()))
+                    for case, g in zip(cases, got)
+                ):
                     return mistake
-            except Exception:  # a variant that cannot run on some input is not this reader's version
+            except (
+                Exception
+            ):  # a variant that cannot run on some input is not this reader's version
                 continue
     return None
 
@@ -477,7 +580,13 @@ def _grade(spec: _Spec, fn: Any) -> CheckResult:
             f"Every input of this check needs the parameter(s) {', '.join(lacking)}, which your {_display(fn)} "
             f"does not take; the package's {spec.name} is {spec.summary}."
         )
-        return CheckResult(name=spec.name, passed=False, mistake=None, message=message, section=spec.section)
+        return CheckResult(
+            name=spec.name,
+            passed=False,
+            mistake=None,
+            message=message,
+            section=spec.section,
+        )
     skipped_note = ""
     if skipped:
         lacking = sorted({name for _, missing in skipped for name in missing})
@@ -510,7 +619,9 @@ def _grade(spec: _Spec, fn: Any) -> CheckResult:
             + "."
         ]
         lines += notes + ([skipped_note] if skipped_note else [])
-        return CheckResult(passed=True, mistake=None, message="\n".join(lines), **result)
+        return CheckResult(
+            passed=True, mistake=None, message="\n".join(lines), **result
+        )
 
     mistake = _recognise(spec, cases, got)
     lines = []
@@ -522,13 +633,17 @@ def _grade(spec: _Spec, fn: Any) -> CheckResult:
         f"On “{first_case.label}”: " + "; ".join(first_differences) + "."
     )
     if len(failing) > 1:
-        lines.append("Also on: " + "; ".join(f"“{case.label}”" for case, _ in failing[1:]) + ".")
+        lines.append(
+            "Also on: " + "; ".join(f"“{case.label}”" for case, _ in failing[1:]) + "."
+        )
     section = (mistake.section if mistake and mistake.section else None) or spec.section
     lines.append(f"Re-read {section} ({section.link}).")
     errata = mistake.errata if mistake else ()
     if errata:
         rows = " and ".join(_errata_link(row) for row in errata)
-        lines.append(f"The errata appendix discusses a source that does the same: {rows}.")
+        lines.append(
+            f"The errata appendix discusses a source that does the same: {rows}."
+        )
     lines += notes + ([skipped_note] if skipped_note else [])
     return CheckResult(
         name=spec.name,
@@ -552,7 +667,9 @@ def _build(cls: Any, args: tuple, wanted: dict[str, Any]) -> nn.Module:
     shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
     module = _call(f"Building your {_display(cls)}({shown})", cls, *args, **kwargs)
     if not isinstance(module, nn.Module):
-        raise _ReaderProblem(f"{_display(cls)}({shown}) gave a {type(module).__name__}, not an nn.Module")
+        raise _ReaderProblem(
+            f"{_display(cls)}({shown}) gave a {type(module).__name__}, not an nn.Module"
+        )
     return module.eval()
 
 
@@ -563,16 +680,29 @@ def _load_state(module: nn.Module, state: dict[str, Tensor]) -> tuple[str, ...]:
     extra = [name for name, _ in module.named_parameters() if name not in state]
     if extra:
         theirs = ", ".join(f"{name} {_shape(own[name].shape)}" for name in extra)
-        ours = ", ".join(f"{name} {_shape(value.shape)}" for name, value in state.items())
+        ours = ", ".join(
+            f"{name} {_shape(value.shape)}" for name, value in state.items()
+        )
         raise _ReaderProblem(
             f"Your module has parameters the package's has not ({theirs}). The check copies the package's "
             f"weights into yours by name, so it needs the package's names: {ours}"
         )
-    wrong = [name for name, value in state.items() if name in own and own[name].shape != value.shape]
+    wrong = [
+        name
+        for name, value in state.items()
+        if name in own and own[name].shape != value.shape
+    ]
     if wrong:
-        shapes = "; ".join(f"{n}: yours {_shape(own[n].shape)}, the package's {_shape(state[n].shape)}" for n in wrong)
-        raise _ReaderProblem(f"Your module's parameters have other shapes than the package's ({shapes})")
-    module.load_state_dict({name: value for name, value in state.items() if name in own}, strict=False)
+        shapes = "; ".join(
+            f"{n}: yours {_shape(own[n].shape)}, the package's {_shape(state[n].shape)}"
+            for n in wrong
+        )
+        raise _ReaderProblem(
+            f"Your module's parameters have other shapes than the package's ({shapes})"
+        )
+    module.load_state_dict(
+        {name: value for name, value in state.items() if name in own}, strict=False
+    )
     return tuple(sorted(name for name in state if name not in own))
 
 
@@ -582,7 +712,9 @@ def _random_state(module: nn.Module, generator: torch.Generator) -> dict[str, Te
     state = {}
     for name, value in module.state_dict().items():
         if value.dim() >= 2:
-            state[name] = torch.randn(value.shape, generator=generator) / math.sqrt(value.shape[-1])
+            state[name] = torch.randn(value.shape, generator=generator) / math.sqrt(
+                value.shape[-1]
+            )
         elif "norm" in name and name.endswith("weight"):
             state[name] = 1.0 + 0.3 * torch.randn(value.shape, generator=generator)
         else:
@@ -600,12 +732,23 @@ _CH1_COPY = Section(1, "01_embedding", "The copy-task batch, embedded")
 
 
 def _embedding_cases() -> list[_Case]:
-    def make(offset: int, vocab: int, d_model: int, shape: tuple[int, ...], padding_idx=None, dtype=torch.float32):
+    def make(
+        offset: int,
+        vocab: int,
+        d_model: int,
+        shape: tuple[int, ...],
+        padding_idx=None,
+        dtype=torch.float32,
+    ):
         def inputs() -> dict[str, Any]:
             g = _generator(offset)
             tokens = torch.randint(0, vocab, shape, generator=g)
-            tokens.view(-1)[0] = vocab - 1  # the last id is where a table one row short fails
-            table = torch.randn(vocab, d_model, generator=g, dtype=torch.float64).to(dtype)
+            tokens.view(-1)[0] = (
+                vocab - 1
+            )  # the last id is where a table one row short fails
+            table = torch.randn(vocab, d_model, generator=g, dtype=torch.float64).to(
+                dtype
+            )
             if padding_idx is not None:
                 table[padding_idx] = 0.0
                 tokens.view(-1)[-1] = padding_idx
@@ -616,7 +759,9 @@ def _embedding_cases() -> list[_Case]:
                 table=table,
                 padding_idx=padding_idx,
                 dtype=dtype,
-                upstream=torch.randn(*shape, d_model, generator=g, dtype=torch.float64).to(dtype),
+                upstream=torch.randn(
+                    *shape, d_model, generator=g, dtype=torch.float64
+                ).to(dtype),
             )
 
         return inputs
@@ -625,7 +770,10 @@ def _embedding_cases() -> list[_Case]:
         _Case("vocabulary 11, d_model 8, tokens (2, 5)", make(1, 11, 8, (2, 5))),
         _Case("vocabulary 5, d_model 64, tokens (3, 2)", make(2, 5, 64, (3, 2))),
         _Case("batch 1, length 1: the last id", make(3, 11, 8, (1, 1))),
-        _Case("float64 table, vocabulary 7, d_model 6", make(4, 7, 6, (2, 3), dtype=torch.float64)),
+        _Case(
+            "float64 table, vocabulary 7, d_model 6",
+            make(4, 7, 6, (2, 3), dtype=torch.float64),
+        ),
         _Case(
             "padding_idx=0, and the gradient of the table",
             make(5, 11, 8, (2, 6), padding_idx=0),
@@ -635,7 +783,11 @@ def _embedding_cases() -> list[_Case]:
 
 
 def _run_embedding(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    vocab, d_model, padding_idx = inputs["vocab"], inputs["d_model"], inputs["padding_idx"]
+    vocab, d_model, padding_idx = (
+        inputs["vocab"],
+        inputs["d_model"],
+        inputs["padding_idx"],
+    )
     wanted = {} if padding_idx is None else {"padding_idx": padding_idx}
     module = _build(cls, (vocab, d_model), wanted).to(inputs["dtype"])
     named = list(module.named_parameters())
@@ -655,25 +807,37 @@ def _run_embedding(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     tokens = inputs["tokens"]
     output = _call(f"Your {_display(cls)}'s forward", module, tokens)
     outputs = {"table shape": (vocab, d_model), "output": output}
-    if padding_idx is not None and isinstance(output, Tensor) and output.shape == inputs["upstream"].shape:
+    if (
+        padding_idx is not None
+        and isinstance(output, Tensor)
+        and output.shape == inputs["upstream"].shape
+    ):
         # The padding row must get no gradient: train a little and it would stop being zero.
         if output.requires_grad:
-            (gradient,) = torch.autograd.grad((output * inputs["upstream"]).sum(), table)
+            (gradient,) = torch.autograd.grad(
+                (output * inputs["upstream"]).sum(), table
+            )
         else:
             gradient = torch.zeros_like(table)
         outputs["gradient of the table"] = gradient
     return outputs
 
 
-def _embedding_variant(scale: Callable[[int, int], float], padding: bool = True, rows: int = 0) -> type:
+def _embedding_variant(
+    scale: Callable[[int, int], float], padding: bool = True, rows: int = 0
+) -> type:
     """A TokenEmbedding that multiplies by ``scale(d_model, vocab_size)``, with ``rows`` rows more
     (or fewer) than the vocabulary, and with or without the padding row."""
 
     class Variant(nn.Module):
-        def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None) -> None:
+        def __init__(
+            self, vocab_size: int, d_model: int, padding_idx: int | None = None
+        ) -> None:
             super().__init__()
             self.factor = scale(d_model, vocab_size)
-            self.lookup = nn.Embedding(vocab_size + rows, d_model, padding_idx=padding_idx if padding else None)
+            self.lookup = nn.Embedding(
+                vocab_size + rows, d_model, padding_idx=padding_idx if padding else None
+            )
 
         def forward(self, tokens: Tensor) -> Tensor:
             return self.lookup(tokens) * self.factor
@@ -726,9 +890,19 @@ _EMBEDDING_MISTAKES = (
 # ---------------------------------------------------------------------------------------------
 
 _CH2_FORMULA = Section(2, "02_positional_encoding", "2.2 The formula")
-_CH2_WORKED = Section(2, "02_positional_encoding", "2.3 Worked examples: a single entry and a whole row")
-_CH2_PICTURE = Section(2, "02_positional_encoding", "2.4 The picture, and a bug in the tutorial's plotting code")
-_CH2_LAYOUT = Section(2, "02_positional_encoding", "2.6 Interleaved or concatenated: the same table, columns reordered")
+_CH2_WORKED = Section(
+    2, "02_positional_encoding", "2.3 Worked examples: a single entry and a whole row"
+)
+_CH2_PICTURE = Section(
+    2,
+    "02_positional_encoding",
+    "2.4 The picture, and a bug in the tutorial's plotting code",
+)
+_CH2_LAYOUT = Section(
+    2,
+    "02_positional_encoding",
+    "2.6 Interleaved or concatenated: the same table, columns reordered",
+)
 
 
 def _pe_cases() -> list[_Case]:
@@ -740,8 +914,16 @@ def _pe_cases() -> list[_Case]:
         _Case("max_len 6, d_model 4", make(6, 4)),
         _Case("max_len 50, d_model 16", make(50, 16)),
         _Case("max_len 9, d_model 10 (five pairs)", make(9, 10)),
-        _Case("interleaved=False, max_len 5, d_model 8", make(5, 8, interleaved=False), needs=("interleaved",)),
-        _Case("dtype=torch.float64, max_len 12, d_model 8", make(12, 8, dtype=torch.float64), needs=("dtype",)),
+        _Case(
+            "interleaved=False, max_len 5, d_model 8",
+            make(5, 8, interleaved=False),
+            needs=("interleaved",),
+        ),
+        _Case(
+            "dtype=torch.float64, max_len 12, d_model 8",
+            make(12, 8, dtype=torch.float64),
+            needs=("dtype",),
+        ),
     ]
 
 
@@ -768,8 +950,15 @@ def _pe_variant(
     """A positional encoding with one thing changed: where positions start, which of sine and cosine
     comes first, the layout, what the exponent's ``i`` counts, the exponent, or cosines left out."""
 
-    def encoding(max_len: int, d_model: int, interleaved: bool = True, dtype: torch.dtype = torch.float32) -> Tensor:
-        position = torch.arange(first_position, first_position + max_len, dtype=torch.float64)[:, None]
+    def encoding(
+        max_len: int,
+        d_model: int,
+        interleaved: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
+        position = torch.arange(
+            first_position, first_position + max_len, dtype=torch.float64
+        )[:, None]
         column = torch.arange(d_model)
         half = d_model // 2
         concatenated = concatenate or not interleaved
@@ -784,7 +973,10 @@ def _pe_variant(
 
 
 def _pe_columns_from_one(
-    max_len: int, d_model: int, interleaved: bool = True, dtype: torch.dtype = torch.float32
+    max_len: int,
+    d_model: int,
+    interleaved: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Entry (p, j), j counted from 1: sin(p / 10000^(j/d)) for even j, cos(p / 10000^((j-1)/d)) for odd j."""
     position = torch.arange(max_len, dtype=torch.float64)[:, None]
@@ -865,11 +1057,20 @@ _CH3_WHY = Section(3, "03_attention", "3.4 Why divide by √d_k?")
 _CH3_SOFTMAX = Section(3, "03_attention", "Step 4: softmax")
 _CH5_ENTERS = Section(5, "05_masking", "How a mask enters attention")
 _CH5_EMPTY = Section(5, "05_masking", "`-inf` or `-1e9`? The row with nothing to read")
-_CH5_CONVENTIONS = Section(5, "05_masking", "Two conventions: ours and `nn.MultiheadAttention`'s")
+_CH5_CONVENTIONS = Section(
+    5, "05_masking", "Two conventions: ours and `nn.MultiheadAttention`'s"
+)
 
 
 def _attention_cases() -> list[_Case]:
-    def make(offset: int, q: tuple, k: tuple, d_v: int, mask: Callable | None = None, dtype=torch.float32):
+    def make(
+        offset: int,
+        q: tuple,
+        k: tuple,
+        d_v: int,
+        mask: Callable | None = None,
+        dtype=torch.float32,
+    ):
         def inputs() -> tuple[tuple, dict]:
             g = _generator(100 + offset)
             query = 2.0 * torch.randn(q, generator=g, dtype=torch.float64)
@@ -881,32 +1082,65 @@ def _attention_cases() -> list[_Case]:
         return inputs
 
     def padding() -> Tensor:
-        return torch.tensor([[[True, True, True, False, False]], [[True, True, True, True, False]]])
+        return torch.tensor(
+            [[[True, True, True, False, False]], [[True, True, True, True, False]]]
+        )
 
     def causal() -> Tensor:
         return torch.ones(4, 4, dtype=torch.bool).tril()[None]
 
     def one_empty_row() -> Tensor:
-        mask = torch.tensor([[[True, False, True, True], [True, True, False, True], [False, True, True, False]]] * 2)
+        mask = torch.tensor(
+            [
+                [
+                    [True, False, True, True],
+                    [True, True, False, True],
+                    [False, True, True, False],
+                ]
+            ]
+            * 2
+        )
         mask[1, 1] = False  # query 1 of batch 1 may look at nothing
         return mask
 
     def float64_mask() -> Tensor:
-        return torch.tensor([[[True, True, False, True, True, False]], [[True, True, True, True, True, False]]])
+        return torch.tensor(
+            [
+                [[True, True, False, True, True, False]],
+                [[True, True, True, True, True, False]],
+            ]
+        )
 
     return [
-        _Case("batch 2, 3 queries, 5 keys, d_k 4, d_v 6, no mask", make(1, (2, 3, 4), (2, 5, 4), 6)),
-        _Case("a padding mask of shape (2, 1, 5)", make(2, (2, 3, 4), (2, 5, 4), 6, padding)),
-        _Case("2 heads, (1, 2, 4, 8), a causal mask (1, 4, 4)", make(3, (1, 2, 4, 8), (1, 2, 4, 8), 8, causal)),
+        _Case(
+            "batch 2, 3 queries, 5 keys, d_k 4, d_v 6, no mask",
+            make(1, (2, 3, 4), (2, 5, 4), 6),
+        ),
+        _Case(
+            "a padding mask of shape (2, 1, 5)",
+            make(2, (2, 3, 4), (2, 5, 4), 6, padding),
+        ),
+        _Case(
+            "2 heads, (1, 2, 4, 8), a causal mask (1, 4, 4)",
+            make(3, (1, 2, 4, 8), (1, 2, 4, 8), 8, causal),
+        ),
         _Case("batch 1, one query, one key", make(4, (1, 1, 8), (1, 1, 8), 3)),
-        _Case("query 1 of batch 1 has every key masked", make(5, (2, 3, 4), (2, 4, 4), 5, one_empty_row)),
-        _Case("float64, d_k 16, a padding mask", make(6, (2, 3, 16), (2, 6, 16), 16, float64_mask, torch.float64)),
+        _Case(
+            "query 1 of batch 1 has every key masked",
+            make(5, (2, 3, 4), (2, 4, 4), 5, one_empty_row),
+        ),
+        _Case(
+            "float64, d_k 16, a padding mask",
+            make(6, (2, 3, 16), (2, 6, 16), 16, float64_mask, torch.float64),
+        ),
     ]
 
 
 def _attention_variant(
     *,
-    scale: Callable[[Tensor, Tensor, Tensor], float] = lambda q, k, v: math.sqrt(q.shape[-1]),
+    scale: Callable[[Tensor, Tensor, Tensor], float] = lambda q, k, v: math.sqrt(
+        q.shape[-1]
+    ),
     axis: int = -1,
     fill: float = float("-inf"),
     invert: bool = False,
@@ -915,7 +1149,9 @@ def _attention_variant(
     """Attention with one thing changed: the scale, the softmax's axis, the mask's fill value or
     convention, or a query with no key left to read not given zero weights."""
 
-    def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def attention(
+        query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         scores = query @ key.transpose(-2, -1) / scale(query, key, value)
         hidden = None
         if mask is not None:
@@ -930,7 +1166,10 @@ def _attention_variant(
 
 
 def _both_empty_row_handlings(**changes: Any) -> tuple[Callable, ...]:
-    return (_attention_variant(**changes), _attention_variant(empty_rows_zero=False, **changes))
+    return (
+        _attention_variant(**changes),
+        _attention_variant(empty_rows_zero=False, **changes),
+    )
 
 
 _ATTENTION_MISTAKES = (
@@ -1007,21 +1246,38 @@ _CH4_SPLIT = Section(4, "04_multi_head_attention", "The split, one shape at a ti
 _CH4_VIEW = Section(4, "04_multi_head_attention", "Why `view` needs the `transpose`")
 _CH4_CONCAT = Section(4, "04_multi_head_attention", "Concatenation, then $W^O$")
 _HEADS_COUNT = Section(
-    "A", "appendix/a_errata", "The split is into $h$ heads, not into $N$ parts", "errata-heads-count"
+    "A",
+    "appendix/a_errata",
+    "The split is into $h$ heads, not into $N$ parts",
+    "errata-heads-count",
 )
 
 
 def _mha_cases() -> list[_Case]:
-    def make(offset: int, d_model: int, heads: int, q_shape: tuple, k_len: int | None, mask=None, dtype=torch.float32):
+    def make(
+        offset: int,
+        d_model: int,
+        heads: int,
+        q_shape: tuple,
+        k_len: int | None,
+        mask=None,
+        dtype=torch.float32,
+    ):
         def inputs() -> dict[str, Any]:
             g = _generator(200 + offset)
             state = _random_state(MultiHeadAttention(d_model, heads), g)
-            query = torch.randn(*q_shape, d_model, generator=g, dtype=torch.float64).to(dtype)
+            query = torch.randn(*q_shape, d_model, generator=g, dtype=torch.float64).to(
+                dtype
+            )
             if k_len is None:  # self-attention: one tensor for query, key and value
                 key = value = query
             else:
-                key = torch.randn(q_shape[0], k_len, d_model, generator=g, dtype=torch.float64).to(dtype)
-                value = torch.randn(q_shape[0], k_len, d_model, generator=g, dtype=torch.float64).to(dtype)
+                key = torch.randn(
+                    q_shape[0], k_len, d_model, generator=g, dtype=torch.float64
+                ).to(dtype)
+                value = torch.randn(
+                    q_shape[0], k_len, d_model, generator=g, dtype=torch.float64
+                ).to(dtype)
             return dict(
                 d_model=d_model,
                 heads=heads,
@@ -1036,26 +1292,44 @@ def _mha_cases() -> list[_Case]:
         return inputs
 
     def padding() -> Tensor:
-        return torch.tensor([[[True, True, True, False, False]], [[True, True, True, True, True]]])
+        return torch.tensor(
+            [[[True, True, True, False, False]], [[True, True, True, True, True]]]
+        )
 
     def causal() -> Tensor:
         return torch.ones(4, 4, dtype=torch.bool).tril()[None]
 
     return [
-        _Case("self-attention, d_model 12, 3 heads, x (2, 4, 12)", make(1, 12, 3, (2, 4), None)),
-        _Case("cross-attention, 4 heads, 3 queries, 5 keys, a padding mask", make(2, 12, 4, (2, 3), 5, padding)),
-        _Case("self-attention, 2 heads, a causal mask (1, 4, 4)", make(3, 12, 2, (1, 4), None, causal)),
+        _Case(
+            "self-attention, d_model 12, 3 heads, x (2, 4, 12)",
+            make(1, 12, 3, (2, 4), None),
+        ),
+        _Case(
+            "cross-attention, 4 heads, 3 queries, 5 keys, a padding mask",
+            make(2, 12, 4, (2, 3), 5, padding),
+        ),
+        _Case(
+            "self-attention, 2 heads, a causal mask (1, 4, 4)",
+            make(3, 12, 2, (1, 4), None, causal),
+        ),
         _Case("batch 1, length 1, 6 heads", make(4, 12, 6, (1, 1), None)),
-        _Case("float64, 4 heads, 3 queries, 5 keys, a padding mask", make(5, 12, 4, (2, 3), 5, padding, torch.float64)),
+        _Case(
+            "float64, 4 heads, 3 queries, 5 keys, a padding mask",
+            make(5, 12, 4, (2, 3), 5, padding, torch.float64),
+        ),
     ]
 
 
 def _run_mha(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     module = _build(cls, (inputs["d_model"], inputs["heads"]), {}).to(inputs["dtype"])
-    missing = _load_state(module, {k: v.to(inputs["dtype"]) for k, v in inputs["state"].items()})
+    missing = _load_state(
+        module, {k: v.to(inputs["dtype"]) for k, v in inputs["state"].items()}
+    )
     args = (inputs["query"], inputs["key"], inputs["value"])
     args += (inputs["mask"],) if inputs["mask"] is not None else ()
-    outputs = _named(_call(f"Your {_display(cls)}'s forward", module, *args), ("output", "weights"))
+    outputs = _named(
+        _call(f"Your {_display(cls)}'s forward", module, *args), ("output", "weights")
+    )
     return {"missing parameters": missing, **outputs}
 
 
@@ -1071,7 +1345,9 @@ def _mha_variant(
     are, the scale, or a projection left out."""
 
     class Variant(nn.Module):
-        def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+        def __init__(
+            self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True
+        ) -> None:
             super().__init__()
             self.d_model, self.num_heads = d_model, heads or num_heads
             self.d_head = d_model // self.num_heads
@@ -1084,7 +1360,9 @@ def _mha_variant(
 
         def split(self, x: Tensor) -> Tensor:
             b, n, h, w = x.shape[0], x.shape[1], self.num_heads, self.d_head
-            if split == "view":  # (B, heads, len, d_head) read straight from (B, len, d_model)
+            if (
+                split == "view"
+            ):  # (B, heads, len, d_head) read straight from (B, len, d_model)
                 return x.reshape(b, h, n, w)
             if split == "swapped":  # d_head "heads" of num_heads features each
                 return x.reshape(b, n, w, h).transpose(1, 2)
@@ -1096,12 +1374,18 @@ def _mha_variant(
                 return x.reshape(b, n, self.d_model)
             return x.transpose(1, 2).reshape(b, n, self.d_model)
 
-        def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
+        def forward(
+            self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
+        ) -> Tensor:
             q, k = self.split(self.q_proj(query)), self.split(self.k_proj(key))
             v = self.split(self.v_proj(value) if project_values else value)
             if mask is not None:
                 mask = mask.unsqueeze(1)
-            width = {"d_head": self.d_head, "d_model": self.d_model, "actual": q.shape[-1]}[scale]
+            width = {
+                "d_head": self.d_head,
+                "d_model": self.d_model,
+                "actual": q.shape[-1],
+            }[scale]
             scores = q @ k.transpose(-2, -1) / math.sqrt(width)
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
@@ -1176,11 +1460,16 @@ def _merge_reference(x: Tensor, num_heads: int | None = None) -> Tensor:
 
 
 def _heads_cases(merge: bool) -> list[_Case]:
-    def make(offset: int, batch: int, length: int, heads: int, d_model: int) -> Callable[[], tuple]:
+    def make(
+        offset: int, batch: int, length: int, heads: int, d_model: int
+    ) -> Callable[[], tuple]:
         def inputs() -> tuple[tuple, dict]:
             g = _generator(300 + offset)
             if merge:
-                return (torch.randn(batch, heads, length, d_model // heads, generator=g), heads), {}
+                return (
+                    torch.randn(batch, heads, length, d_model // heads, generator=g),
+                    heads,
+                ), {}
             return (torch.randn(batch, length, d_model, generator=g), heads), {}
 
         return inputs
@@ -1238,7 +1527,9 @@ def _merge(layout: str) -> Callable[..., Tensor]:
             return x.sum(dim=1)
         if layout == "mean":
             return x.mean(dim=1)
-        if layout == "sequence":  # heads concatenated one after another along the positions
+        if (
+            layout == "sequence"
+        ):  # heads concatenated one after another along the positions
             return x.reshape(b, h * n, w)
         return x.transpose(1, 2).reshape(b, n, h * w)
 
@@ -1334,15 +1625,26 @@ def _padding_cases() -> list[_Case]:
         return lambda: ((torch.tensor(rows),), kwargs)
 
     return [
-        _Case("tokens (3, 5) with padding at the ends", make([[5, 3, 7, 0, 0], [4, 0, 0, 0, 0], [2, 6, 1, 8, 9]])),
+        _Case(
+            "tokens (3, 5) with padding at the ends",
+            make([[5, 3, 7, 0, 0], [4, 0, 0, 0, 0], [2, 6, 1, 8, 9]]),
+        ),
         _Case("a row that is all padding", make([[3, 2, 0, 0], [0, 0, 0, 0]])),
         _Case("batch 1, length 1", make([[7]])),
-        _Case("pad_id=1, where 0 is a real token", make([[0, 4, 1, 1], [5, 0, 2, 1]], pad_id=1), needs=("pad_id",)),
+        _Case(
+            "pad_id=1, where 0 is a real token",
+            make([[0, 4, 1, 1], [5, 0, 2, 1]], pad_id=1),
+            needs=("pad_id",),
+        ),
     ]
 
 
 def _padding_variant(
-    *, invert: bool = False, layout: str = "keys", dtype: torch.dtype = torch.bool, fixed_pad: int | None = None
+    *,
+    invert: bool = False,
+    layout: str = "keys",
+    dtype: torch.dtype = torch.bool,
+    fixed_pad: int | None = None,
 ) -> Callable[..., Tensor]:
     def mask(tokens: Tensor, pad_id: int = 0) -> Tensor:
         real = tokens == (pad_id if fixed_pad is None else fixed_pad)
@@ -1390,7 +1692,10 @@ _PADDING_MISTAKES = (
     Mistake(
         "not_boolean",
         "the mask holds numbers; the package's masks are boolean (True = may attend)",
-        tuple(_padding_variant(dtype=dtype) for dtype in (torch.float32, torch.int64, torch.int32, torch.uint8)),
+        tuple(
+            _padding_variant(dtype=dtype)
+            for dtype in (torch.float32, torch.int64, torch.int32, torch.uint8)
+        ),
         section=_CH5_PADDING,
     ),
     Mistake(
@@ -1410,13 +1715,17 @@ def _causal_cases() -> list[_Case]:
     ]
 
 
-def _causal_variant(diagonal: int = 0, upper: bool = False, form: str = "bool") -> Callable[..., Tensor]:
+def _causal_variant(
+    diagonal: int = 0, upper: bool = False, form: str = "bool"
+) -> Callable[..., Tensor]:
     def mask(size: int, device: Any = None) -> Tensor:
         ones = torch.ones(size, size, dtype=torch.bool)
         allowed = ones.triu(diagonal) if upper else ones.tril(diagonal)
         if form == "additive":  # 0 where allowed, −∞ where hidden, as nn.Transformer's
             return torch.zeros(size, size).masked_fill(~allowed, float("-inf"))[None]
-        return allowed[None].to({"bool": torch.bool, "float": torch.float32, "long": torch.int64}[form])
+        return allowed[None].to(
+            {"bool": torch.bool, "float": torch.float32, "long": torch.int64}[form]
+        )
 
     return mask
 
@@ -1484,16 +1793,23 @@ class _FixedDropout:
 
 
 def _sublayer_cases() -> list[_Case]:
-    def make(offset: int, shape: tuple[int, ...], norm_first: bool, dtype=torch.float32) -> Callable[[], tuple]:
+    def make(
+        offset: int, shape: tuple[int, ...], norm_first: bool, dtype=torch.float32
+    ) -> Callable[[], tuple]:
         def inputs() -> tuple[tuple, dict]:
             g = _generator(500 + offset)
             d = shape[-1]
             linear, norm = nn.Linear(d, d), nn.LayerNorm(d)
             with torch.no_grad():
                 for p in [*linear.parameters(), *norm.parameters()]:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if p is norm.weight else 0.0))
+                    p.copy_(
+                        torch.randn(p.shape, generator=g) * 0.5
+                        + (1.0 if p is norm.weight else 0.0)
+                    )
             linear, norm = linear.to(dtype), norm.to(dtype)
-            x = (3.0 * torch.randn(shape, generator=g, dtype=torch.float64) + 1.0).to(dtype)
+            x = (3.0 * torch.randn(shape, generator=g, dtype=torch.float64) + 1.0).to(
+                dtype
+            )
             return (x, linear, norm, _FixedDropout(), norm_first), {}
 
         return inputs
@@ -1503,19 +1819,37 @@ def _sublayer_cases() -> list[_Case]:
         _Case("pre-norm (norm_first=True), x (2, 3, 8)", make(2, (2, 3, 8), True)),
         _Case("post-norm, batch 1, length 1", make(3, (1, 1, 8), False)),
         _Case("pre-norm, batch 1, length 1", make(4, (1, 1, 8), True)),
-        _Case("post-norm, float64, x (2, 4, 6)", make(5, (2, 4, 6), False, torch.float64)),
-        _Case("pre-norm, float64, x (2, 4, 6)", make(6, (2, 4, 6), True, torch.float64)),
+        _Case(
+            "post-norm, float64, x (2, 4, 6)", make(5, (2, 4, 6), False, torch.float64)
+        ),
+        _Case(
+            "pre-norm, float64, x (2, 4, 6)", make(6, (2, 4, 6), True, torch.float64)
+        ),
     ]
 
 
-def _sublayer_variant(post: Callable | None = None, pre: Callable | None = None, flip: bool = False) -> Callable:
+def _sublayer_variant(
+    post: Callable | None = None, pre: Callable | None = None, flip: bool = False
+) -> Callable:
     """A sublayer connection with its post-norm and/or pre-norm branch replaced."""
 
-    def connection(x: Tensor, sublayer: Callable, norm: Callable, dropout: Callable, norm_first: bool) -> Tensor:
+    def connection(
+        x: Tensor,
+        sublayer: Callable,
+        norm: Callable,
+        dropout: Callable,
+        norm_first: bool,
+    ) -> Tensor:
         norm_first = norm_first != flip
         if norm_first:
-            return pre(x, sublayer, norm, dropout) if pre else x + dropout(sublayer(norm(x)))
-        return post(x, sublayer, norm, dropout) if post else norm(x + dropout(sublayer(x)))
+            return (
+                pre(x, sublayer, norm, dropout)
+                if pre
+                else x + dropout(sublayer(norm(x)))
+            )
+        return (
+            post(x, sublayer, norm, dropout) if post else norm(x + dropout(sublayer(x)))
+        )
 
     return connection
 
@@ -1544,7 +1878,9 @@ _SUBLAYER_MISTAKES = (
         "missing_residual",
         "the input x is not added back: the connection returns the (normalised) sublayer output alone",
         (
-            _sublayer_variant(post=lambda x, f, n, d: n(d(f(x))), pre=lambda x, f, n, d: d(f(n(x)))),
+            _sublayer_variant(
+                post=lambda x, f, n, d: n(d(f(x))), pre=lambda x, f, n, d: d(f(n(x)))
+            ),
             _sublayer_variant(post=lambda x, f, n, d: n(d(f(x)))),
             _sublayer_variant(pre=lambda x, f, n, d: d(f(n(x)))),
         ),
@@ -1553,7 +1889,10 @@ _SUBLAYER_MISTAKES = (
         "dropout_after_residual",
         "dropout is applied to the residual sum; it belongs on the sublayer's output, before x is added",
         (
-            _sublayer_variant(post=lambda x, f, n, d: n(d(x + f(x))), pre=lambda x, f, n, d: d(x + f(n(x)))),
+            _sublayer_variant(
+                post=lambda x, f, n, d: n(d(x + f(x))),
+                pre=lambda x, f, n, d: d(x + f(n(x))),
+            ),
             _sublayer_variant(post=lambda x, f, n, d: n(d(x + f(x)))),
             _sublayer_variant(pre=lambda x, f, n, d: d(x + f(n(x)))),
         ),
@@ -1574,18 +1913,36 @@ _SUBLAYER_MISTAKES = (
     Mistake(
         "dropout_missing",
         "dropout is never applied; the connection applies it to the sublayer's output",
-        (_sublayer_variant(post=lambda x, f, n, d: n(x + f(x)), pre=lambda x, f, n, d: x + f(n(x))),),
+        (
+            _sublayer_variant(
+                post=lambda x, f, n, d: n(x + f(x)), pre=lambda x, f, n, d: x + f(n(x))
+            ),
+        ),
     ),
 )
 
 
 def _encoder_cases() -> list[_Case]:
-    def make(offset: int, shape: tuple[int, int], norm_first: bool, mask=None, dtype=torch.float32):
+    def make(
+        offset: int,
+        shape: tuple[int, int],
+        norm_first: bool,
+        mask=None,
+        dtype=torch.float32,
+    ):
         def inputs() -> dict[str, Any]:
             g = _generator(600 + offset)
             state = _random_state(EncoderLayer(8, 2, 16, 0.0, norm_first), g)
-            x = (2.0 * torch.randn(*shape, 8, generator=g, dtype=torch.float64) + 0.5).to(dtype)
-            return dict(state=state, x=x, mask=mask() if mask else None, norm_first=norm_first, dtype=dtype)
+            x = (
+                2.0 * torch.randn(*shape, 8, generator=g, dtype=torch.float64) + 0.5
+            ).to(dtype)
+            return dict(
+                state=state,
+                x=x,
+                mask=mask() if mask else None,
+                norm_first=norm_first,
+                dtype=dtype,
+            )
 
         return inputs
 
@@ -1594,19 +1951,30 @@ def _encoder_cases() -> list[_Case]:
 
     pre = ("norm_first",)
     return [
-        _Case("post-norm, d_model 8, 2 heads, d_ff 16, x (2, 4, 8)", make(1, (2, 4), False)),
+        _Case(
+            "post-norm, d_model 8, 2 heads, d_ff 16, x (2, 4, 8)",
+            make(1, (2, 4), False),
+        ),
         _Case("post-norm, a padding mask (2, 1, 4)", make(2, (2, 4), False, padding)),
         _Case("post-norm, batch 1, length 1", make(3, (1, 1), False)),
         _Case("post-norm, float64", make(4, (2, 3), False, None, torch.float64)),
-        _Case("pre-norm (norm_first=True), a padding mask (2, 1, 4)", make(5, (2, 4), True, padding), needs=pre),
-        _Case("pre-norm, float64", make(6, (2, 3), True, None, torch.float64), needs=pre),
+        _Case(
+            "pre-norm (norm_first=True), a padding mask (2, 1, 4)",
+            make(5, (2, 4), True, padding),
+            needs=pre,
+        ),
+        _Case(
+            "pre-norm, float64", make(6, (2, 3), True, None, torch.float64), needs=pre
+        ),
     ]
 
 
 def _run_encoder(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     wanted = {"dropout": 0.0} | ({"norm_first": True} if inputs["norm_first"] else {})
     module = _build(cls, (8, 2, 16), wanted).to(inputs["dtype"])
-    missing = _load_state(module, {k: v.to(inputs["dtype"]) for k, v in inputs["state"].items()})
+    missing = _load_state(
+        module, {k: v.to(inputs["dtype"]) for k, v in inputs["state"].items()}
+    )
     args = (inputs["x"],) + ((inputs["mask"],) if inputs["mask"] is not None else ())
     output = _call(f"Your {_display(cls)}'s forward", module, *args)
     return {"missing parameters": missing, **_named(output, ("output",))}
@@ -1624,7 +1992,9 @@ def _encoder_variant(
     class Variant(EncoderLayer):
         def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
             pre = self.norm_first != flip
-            norm1, norm2 = (self.norm2, self.norm1) if swap_norms else (self.norm1, self.norm2)
+            norm1, norm2 = (
+                (self.norm2, self.norm1) if swap_norms else (self.norm1, self.norm2)
+            )
 
             def attend(h: Tensor) -> Tensor:
                 return self.self_attn(h, h, h, mask if use_mask else None)[0]
@@ -1676,7 +2046,10 @@ _ENCODER_MISTAKES = (
     Mistake(
         "feed_forward_first",
         "the feed-forward network runs before the self-attention; a layer attends first, then transforms each position",
-        (_encoder_variant(ffn_first="with_norms"), _encoder_variant(ffn_first="in_place")),
+        (
+            _encoder_variant(ffn_first="with_norms"),
+            _encoder_variant(ffn_first="in_place"),
+        ),
         section=_CH6_LAYER,
     ),
     Mistake(
@@ -1700,34 +2073,69 @@ _CH8_RATE = Section(8, "08_training", "8.3 The learning rate: warm up, then deca
 
 
 def _smoothing_cases() -> list[_Case]:
-    def make(offset: int, vocab: int, smoothing: float, pad_id: int, shape: tuple, pads: float, dtype=torch.float32):
+    def make(
+        offset: int,
+        vocab: int,
+        smoothing: float,
+        pad_id: int,
+        shape: tuple,
+        pads: float,
+        dtype=torch.float32,
+    ):
         def inputs() -> dict[str, Any]:
             g = _generator(700 + offset)
-            logits = (2.0 * torch.randn(*shape, vocab, generator=g, dtype=torch.float64)).to(dtype)
+            logits = (
+                2.0 * torch.randn(*shape, vocab, generator=g, dtype=torch.float64)
+            ).to(dtype)
             target = torch.randint(0, vocab, shape, generator=g)
-            target[target == pad_id] = (pad_id + 1) % vocab  # padding only where the case puts it
+            target[target == pad_id] = (
+                pad_id + 1
+            ) % vocab  # padding only where the case puts it
             if pads:
                 target[torch.rand(shape, generator=g) < pads] = pad_id
                 target.view(-1)[-1] = pad_id
             target.view(-1)[0] = (pad_id + 2) % vocab
-            return dict(vocab=vocab, smoothing=smoothing, pad_id=pad_id, logits=logits, target=target)
+            return dict(
+                vocab=vocab,
+                smoothing=smoothing,
+                pad_id=pad_id,
+                logits=logits,
+                target=target,
+            )
 
         return inputs
 
     return [
-        _Case("vocabulary 7, smoothing 0.1, logits (2, 5, 7), some padding", make(1, 7, 0.1, 0, (2, 5), 0.3)),
-        _Case("smoothing 0.3, logits (3, 4, 7), some padding", make(2, 7, 0.3, 0, (3, 4), 0.3)),
+        _Case(
+            "vocabulary 7, smoothing 0.1, logits (2, 5, 7), some padding",
+            make(1, 7, 0.1, 0, (2, 5), 0.3),
+        ),
+        _Case(
+            "smoothing 0.3, logits (3, 4, 7), some padding",
+            make(2, 7, 0.3, 0, (3, 4), 0.3),
+        ),
         _Case("no padding at all, logits (6, 7)", make(3, 7, 0.2, 0, (6,), 0.0)),
         _Case("smoothing 0 (plain cross-entropy)", make(4, 7, 0.0, 0, (2, 4), 0.3)),
         _Case("batch 1, length 1", make(5, 7, 0.1, 0, (1, 1), 0.0)),
-        _Case("float64 logits, vocabulary 9", make(6, 9, 0.1, 0, (2, 3), 0.3, torch.float64)),
-        _Case("pad_id=3, vocabulary 6", make(7, 6, 0.25, 3, (3, 4), 0.3), needs=("pad_id",)),
+        _Case(
+            "float64 logits, vocabulary 9",
+            make(6, 9, 0.1, 0, (2, 3), 0.3, torch.float64),
+        ),
+        _Case(
+            "pad_id=3, vocabulary 6",
+            make(7, 6, 0.25, 3, (3, 4), 0.3),
+            needs=("pad_id",),
+        ),
     ]
 
 
 def _run_smoothing(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    module = _build(cls, (inputs["vocab"], inputs["smoothing"]), {"pad_id": inputs["pad_id"]})
-    loss = _call(f"Your {_display(cls)}'s forward", module, inputs["logits"], inputs["target"])
+    module = _build(
+        cls, (inputs["vocab"], inputs["smoothing"]), {"pad_id": inputs["pad_id"]}
+    )
+    loss = _call(
+        f"Your {_display(cls)}'s forward", module, inputs["logits"], inputs["target"]
+    )
     return {"loss": loss}
 
 
@@ -1743,7 +2151,9 @@ def _smoothing_variant(
     gets a share, the right token's mass, what the mean is over, or KL instead of cross-entropy."""
 
     class Variant(nn.Module):
-        def __init__(self, vocab_size: int, smoothing: float = 0.1, pad_id: int = 0) -> None:
+        def __init__(
+            self, vocab_size: int, smoothing: float = 0.1, pad_id: int = 0
+        ) -> None:
             super().__init__()
             self.vocab_size, self.smoothing = vocab_size, smoothing
             self.pad_id = pad_id if fixed_pad is None else fixed_pad
@@ -1751,13 +2161,17 @@ def _smoothing_variant(
         def forward(self, logits: Tensor, target: Tensor) -> Tensor:
             v, eps = self.vocab_size, self.smoothing
             log_probs = logits.double().log_softmax(-1)
-            if others == "uniform":  # PyTorch's label_smoothing: ε spread over all V classes
+            if (
+                others == "uniform"
+            ):  # PyTorch's label_smoothing: ε spread over all V classes
                 dist = torch.full(log_probs.shape, eps / v, dtype=torch.float64)
                 dist.scatter_(-1, target[..., None], 1 - eps + eps / v)
             else:
                 share = eps / {"V-2": v - 2, "V-1": v - 1, "V": v}[others]
                 dist = torch.full(log_probs.shape, share, dtype=torch.float64)
-                dist.scatter_(-1, target[..., None], 1.0 if confidence == "one" else 1 - eps)
+                dist.scatter_(
+                    -1, target[..., None], 1.0 if confidence == "one" else 1 - eps
+                )
                 if not pad_column:
                     dist[..., self.pad_id] = 0.0
             per_position = -(dist * log_probs).sum(-1)
@@ -1767,8 +2181,16 @@ def _smoothing_variant(
             total = {"real": (per_position * real).sum(), "all": per_position.sum()}
             if average == "sum":
                 return total["real"].float()
-            numerator = total["all"] if average in ("pad_loss_all", "pad_loss_real") else total["real"]
-            denominator = real.sum().clamp(min=1) if average in ("real", "pad_loss_real") else target.numel()
+            numerator = (
+                total["all"]
+                if average in ("pad_loss_all", "pad_loss_real")
+                else total["real"]
+            )
+            denominator = (
+                real.sum().clamp(min=1)
+                if average in ("real", "pad_loss_real")
+                else target.numel()
+            )
             return (numerator / denominator).float()
 
     return Variant
@@ -1779,7 +2201,10 @@ _SMOOTHING_MISTAKES = (
         "mass_on_padding",
         "the padding column receives a share of the smoothing mass; padding is never a right answer, so the "
         "package gives it 0",
-        (_smoothing_variant(pad_column=True), _smoothing_variant(others="V-1", pad_column=True)),
+        (
+            _smoothing_variant(pad_column=True),
+            _smoothing_variant(others="V-1", pad_column=True),
+        ),
     ),
     Mistake(
         "wrong_share",
@@ -1832,7 +2257,9 @@ _SMOOTHING_MISTAKES = (
 
 
 def _noam_cases() -> list[_Case]:
-    def make(steps: list[int], d_model: int, warmup: int, **kwargs: Any) -> Callable[[], dict]:
+    def make(
+        steps: list[int], d_model: int, warmup: int, **kwargs: Any
+    ) -> Callable[[], dict]:
         return lambda: dict(steps=steps, d_model=d_model, warmup=warmup, kwargs=kwargs)
 
     paper = [1, 2, 100, 3999, 4000, 4001, 20000, 100000]
@@ -1846,7 +2273,9 @@ def _noam_cases() -> list[_Case]:
             ticks={"rate": (paper,)},
         ),
         _Case(
-            "d_model 64, warmup 10, steps " + ", ".join(map(str, small)), make(small, 64, 10), ticks={"rate": (small,)}
+            "d_model 64, warmup 10, steps " + ", ".join(map(str, small)),
+            make(small, 64, 10),
+            ticks={"rate": (small,)},
         ),
         _Case(
             "factor=2.0, d_model 128, warmup 20",
@@ -1899,13 +2328,23 @@ def _noam_variant(
     use_total: bool = True,
     zero_at_zero: bool = False,
 ) -> Callable[..., float]:
-    def rate(step: int, d_model: int, warmup: int, factor: float = 1.0, total_steps: int | None = None) -> float:
+    def rate(
+        step: int,
+        d_model: int,
+        warmup: int,
+        factor: float = 1.0,
+        total_steps: int | None = None,
+    ) -> float:
         if zero_at_zero and step == 0:
             return 0.0
         s = max(step + shift, 1)
         schedule = combine(s**-0.5, s * warmup**warmup_power) if warm_up else s**-0.5
         value = (factor if use_factor else 1.0) * d_model**d_power * schedule
-        return value * max(0.0, 1 - s / total_steps) if total_steps is not None and use_total else value
+        return (
+            value * max(0.0, 1 - s / total_steps)
+            if total_steps is not None and use_total
+            else value
+        )
 
     return rate
 
@@ -1967,7 +2406,12 @@ _CH9_BEAM = Section(9, "09_inference", "9.5 Greedy decoding against beam search"
 _PAD, _BOS, _EOS = 0, 1, 2
 _TGT_VOCAB = 10  # 0 padding, 1 BOS, 2 EOS, 3..9 words
 _SOURCES = 7  # source ids 1..7 (0 is padding); each names one script of next-token probabilities
-_BEAM_RATIOS = {4: 0.585, 5: 0.535, 6: 0.3, 7: 0.8}  # source → log P(short) / log P(long), see _script
+_BEAM_RATIOS = {
+    4: 0.585,
+    5: 0.535,
+    6: 0.3,
+    7: 0.8,
+}  # source → log P(short) / log P(long), see _script
 
 
 def _beam_log_probs(ratio: float) -> tuple[float, float]:
@@ -1975,7 +2419,11 @@ def _beam_log_probs(ratio: float) -> tuple[float, float]:
     low, high = -50.0, -1e-9
     for _ in range(100):  # bisection on log p_long
         middle = (low + high) / 2
-        low, high = (middle, high) if math.exp(ratio * middle) + math.exp(middle) < 1 else (low, middle)
+        low, high = (
+            (middle, high)
+            if math.exp(ratio * middle) + math.exp(middle) < 1
+            else (low, middle)
+        )
     return ratio * low, low
 
 
@@ -2016,11 +2464,22 @@ def _build_scripted_model() -> Transformer:
     same numbers, so the generator's weights can be solved for exactly.
     """
     v, sources = _TGT_VOCAB, _SOURCES
-    source_at, source_pad_at, pair_at = v - 1, v + sources, v + sources + 1  # source s sits at v - 1 + s
+    source_at, source_pad_at, pair_at = (
+        v - 1,
+        v + sources,
+        v + sources + 1,
+    )  # source s sits at v - 1 + s
     pairs = [(c, s) for s in range(1, sources + 1) for c in range(v)]
     d_model = pair_at + len(pairs)
     config = ModelConfig(
-        sources + 1, v, d_model=d_model, num_heads=1, d_ff=len(pairs), num_layers=1, dropout=0.0, max_len=64
+        sources + 1,
+        v,
+        d_model=d_model,
+        num_heads=1,
+        d_ff=len(pairs),
+        num_layers=1,
+        dropout=0.0,
+        max_len=64,
     )
     model = Transformer(config).eval()
     big = 1e5  # the positional encoding (entries in [-1, 1]) moves these rows by 1 part in 1e6
@@ -2065,7 +2524,9 @@ def _build_scripted_model() -> Transformer:
             ff.linear1.weight[unit, source_at + s] = 1.0
             ff.linear1.bias[unit] = -threshold
             ff.linear2.weight[pair_at + unit, unit] = spike / margin
-            row = torch.tensor([-14.0 - 0.1 * t for t in range(v)], dtype=torch.float64)  # distinct: no ties
+            row = torch.tensor(
+                [-14.0 - 0.1 * t for t in range(v)], dtype=torch.float64
+            )  # distinct: no ties
             for token, value in script.get((c, s), {9: 4.0}).items():
                 row[token] = value
             logits[unit] = row
@@ -2116,7 +2577,12 @@ def _decoding_cases(beam: bool) -> list[_Case]:
         return [
             _Case(
                 "4 sources, beam_size 2, alpha 2.0, max_len 6: outputs of length 1 and 3 compete",
-                make([[4, 0, 0], [5, 5, 0], [6, 6, 6], [7, 0, 0]], 6, beam_size=2, alpha=2.0),
+                make(
+                    [[4, 0, 0], [5, 5, 0], [6, 6, 6], [7, 0, 0]],
+                    6,
+                    beam_size=2,
+                    alpha=2.0,
+                ),
                 needs=("beam_size", "alpha"),
             ),
             _Case(
@@ -2124,21 +2590,37 @@ def _decoding_cases(beam: bool) -> list[_Case]:
                 make([[1, 1, 0], [2, 0, 0], [3, 0, 0]], 6, beam_size=3, alpha=0.6),
                 needs=("beam_size", "alpha"),
             ),
-            _Case("batch 1, source length 1, beam_size 1", make([[2]], 5, beam_size=1), needs=("beam_size",)),
+            _Case(
+                "batch 1, source length 1, beam_size 1",
+                make([[2]], 5, beam_size=1),
+                needs=("beam_size",),
+            ),
         ]
     return [
-        _Case("2 sources with padding, max_len 8, both end early", make([[1, 0, 0], [2, 2, 0]], 8)),
-        _Case("3 sources, max_len 6, one never emits EOS", make([[1, 1, 0], [3, 0, 0], [2, 0, 0]], 6)),
+        _Case(
+            "2 sources with padding, max_len 8, both end early",
+            make([[1, 0, 0], [2, 2, 0]], 8),
+        ),
+        _Case(
+            "3 sources, max_len 6, one never emits EOS",
+            make([[1, 1, 0], [3, 0, 0], [2, 0, 0]], 6),
+        ),
         _Case("batch 1, source length 1, max_len 5", make([[2]], 5)),
         _Case("max_len 2: BOS and one token", make([[3]], 2)),
     ]
 
 
 def _run_decoding(fn: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    trusted = fn in (greedy_decode, beam_search) or getattr(fn, "_catalogue_variant", False)
+    trusted = fn in (greedy_decode, beam_search) or getattr(
+        fn, "_catalogue_variant", False
+    )
     model = _scripted_model(shared=trusted)
     if not trusted:  # the reader's loop gets a copy of its own, watched
-        _watch(model, inputs["max_len"], len(inputs["src"]) * inputs["kwargs"].get("beam_size", 1))
+        _watch(
+            model,
+            inputs["max_len"],
+            len(inputs["src"]) * inputs["kwargs"].get("beam_size", 1),
+        )
     args = (model, inputs["src"], inputs["max_len"], _BOS, _EOS)
     try:
         tokens = _call(f"Your {_display(fn)}", fn, *args, **inputs["kwargs"])
@@ -2160,7 +2642,14 @@ def _greedy_variant(
 ) -> Callable[..., Tensor]:
     """Greedy decoding (without a cache) with one thing changed."""
 
-    def decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int | None, **_: Any) -> Tensor:
+    def decode(
+        model: Transformer,
+        src: Tensor,
+        max_len: int,
+        bos_id: int,
+        eos_id: int | None,
+        **_: Any,
+    ) -> Tensor:
         pad = model.config.pad_id
         src_mask = padding_mask(src, pad)
         memory = model.encode(src, src_mask)
@@ -2168,7 +2657,10 @@ def _greedy_variant(
         done = torch.zeros(len(src), dtype=torch.bool)
         for _step in range(max_len - 1 + extra_steps):
             hidden = model.decode(
-                memory, ys, src_mask=src_mask if hide_source_padding else None, tgt_mask=causal_mask(ys.shape[1])
+                memory,
+                ys,
+                src_mask=src_mask if hide_source_padding else None,
+                tgt_mask=causal_mask(ys.shape[1]),
             )
             token = model.generator(hidden[:, position]).argmax(-1)
             token = token.masked_fill(done, pad) if pad_after_eos else token
@@ -2233,7 +2725,10 @@ _GREEDY_MISTAKES = (
 
 
 def _beam_variant(
-    first_length: float = 0.0, count_eos: bool = True, penalty: str = "gnmt", freeze: bool = True
+    first_length: float = 0.0,
+    count_eos: bool = True,
+    penalty: str = "gnmt",
+    freeze: bool = True,
 ) -> Callable[..., Tensor]:
     """Beam search (without a cache) with one thing changed: where |y| starts, whether EOS counts
     in it, the length penalty, or finished hypotheses not frozen."""
@@ -2248,7 +2743,12 @@ def _beam_variant(
         src_mask: Tensor | None = None,
         alpha: float = 0.6,
     ) -> Tensor:
-        pad, vocab, batch, k = model.config.pad_id, model.config.tgt_vocab_size, len(src), beam_size
+        pad, vocab, batch, k = (
+            model.config.pad_id,
+            model.config.tgt_vocab_size,
+            len(src),
+            beam_size,
+        )
         src_mask = padding_mask(src, pad) if src_mask is None else src_mask
         memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
         memory_mask = src_mask.repeat_interleave(k, dim=0)
@@ -2261,11 +2761,17 @@ def _beam_variant(
         def normalise(length: Tensor) -> Tensor:
             if penalty == "none":
                 return torch.ones_like(length)
-            return length**alpha if penalty == "power" else ((5.0 + length) / 6.0) ** alpha
+            return (
+                length**alpha if penalty == "power" else ((5.0 + length) / 6.0) ** alpha
+            )
 
         for _step in range(max_len - 1):
-            hidden = model.decode(memory, ys, src_mask=memory_mask, tgt_mask=causal_mask(ys.shape[1]))
-            log_probs = model.generator(hidden[:, -1]).log_softmax(-1).view(batch, k, vocab)
+            hidden = model.decode(
+                memory, ys, src_mask=memory_mask, tgt_mask=causal_mask(ys.shape[1])
+            )
+            log_probs = (
+                model.generator(hidden[:, -1]).log_softmax(-1).view(batch, k, vocab)
+            )
             if freeze:
                 pad_only = torch.full((vocab,), float("-inf"))
                 pad_only[pad] = 0.0
@@ -2274,11 +2780,16 @@ def _beam_variant(
             grows = (~finished)[..., None].expand(batch, k, vocab)
             if not count_eos:
                 grows = grows & (torch.arange(vocab) != eos_id)
-            candidate_lengths = (lengths[..., None] + grows.float()).reshape(batch, k * vocab)
+            candidate_lengths = (lengths[..., None] + grows.float()).reshape(
+                batch, k * vocab
+            )
             best = (candidates / normalise(candidate_lengths)).topk(k, dim=-1).indices
             beam, token = best // vocab, best % vocab
             rows = (beam + torch.arange(batch)[:, None] * k).view(-1)
-            scores, lengths = candidates.gather(1, best), candidate_lengths.gather(1, best)
+            scores, lengths = (
+                candidates.gather(1, best),
+                candidate_lengths.gather(1, best),
+            )
             if freeze:
                 finished = finished.gather(1, beam) | (token == eos_id)
             ys = torch.cat([ys[rows], token.view(-1, 1)], dim=1)
@@ -2341,7 +2852,10 @@ _REGISTRY: dict[str, _Spec] = {
             _embedding_cases,
             _run_embedding,
             _EMBEDDING_MISTAKES,
-            axes={"output": ("batch", "position", "feature"), "gradient of the table": ("row", "feature")},
+            axes={
+                "output": ("batch", "position", "feature"),
+                "gradient of the table": ("row", "feature"),
+            },
             grad=True,
         ),
         _Spec(
@@ -2365,7 +2879,10 @@ _REGISTRY: dict[str, _Spec] = {
             _attention_cases,
             _run_function(("output", "weights")),
             _ATTENTION_MISTAKES,
-            axes={"output": ("batch", "head", "query", "feature"), "weights": ("batch", "head", "query", "key")},
+            axes={
+                "output": ("batch", "head", "query", "feature"),
+                "weights": ("batch", "head", "query", "key"),
+            },
         ),
         _Spec(
             "split_heads",
@@ -2511,7 +3028,9 @@ def catalogue(name: str | None = None) -> dict[str, dict[str, str]]:
 
 def _spec(name: str) -> _Spec:
     if name not in _REGISTRY:
-        raise ValueError(f"check() knows no component named {name!r}; it knows: {', '.join(_REGISTRY)}")
+        raise ValueError(
+            f"check() knows no component named {name!r}; it knows: {', '.join(_REGISTRY)}"
+        )
     return _REGISTRY[name]
 
 
@@ -2545,11 +3064,15 @@ def check(name: str, fn: Any) -> CheckResult:
     spec = _spec(name)
     problem = _kind_problem(spec, fn)
     if problem is not None:
-        return CheckResult(name=name, passed=False, mistake=None, message=problem, section=spec.section)
+        return CheckResult(
+            name=name, passed=False, mistake=None, message=problem, section=spec.section
+        )
     try:
         with _isolated(spec.grad):
             return _grade(spec, fn)
-    except Exception as error:  # the checker's own failure must not take the reader's session down
+    except (
+        Exception
+    ) as error:  # the checker's own failure must not take the reader's session down
         return CheckResult(
             name=name,
             passed=False,

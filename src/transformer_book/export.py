@@ -47,7 +47,11 @@ from .recipes import TrainedModel
 # The word-splitting rule of data.split_words, as a regular expression the page can use too
 # (tests/test_export.py checks that both split every date, and odd spacing, the same way).
 
-ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE = "encoder.onnx", "decoder.onnx", "tokenizer.json"
+ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE = (
+    "encoder.onnx",
+    "decoder.onnx",
+    "tokenizer.json",
+)
 # The two graphs together may weigh this much: the page downloads them when the reader starts it.
 MAX_MODEL_BYTES = 1_000_000
 
@@ -64,12 +68,17 @@ class EncoderGraph(nn.Module):
     def __init__(self, model: Transformer, src_len: int) -> None:
         super().__init__()
         self.model = model
-        self.register_buffer("pe", model.positional.pe[:src_len].clone(), persistent=False)
+        self.register_buffer(
+            "pe", model.positional.pe[:src_len].clone(), persistent=False
+        )
 
     def forward(self, src: Tensor) -> Tensor:
         c = self.model.config
         src_mask = padding_mask(src, c.pad_id)  # (batch, 1, src_len): hide the padding
-        x = self.model.src_embed.lookup(src) * math.sqrt(c.d_model) + self.pe[: src.shape[1]]
+        x = (
+            self.model.src_embed.lookup(src) * math.sqrt(c.d_model)
+            + self.pe[: src.shape[1]]
+        )
         return self.model.encoder(x, src_mask)
 
 
@@ -86,16 +95,22 @@ class DecoderGraph(nn.Module):
     def __init__(self, model: Transformer, tgt_len: int) -> None:
         super().__init__()
         self.model = model
-        self.register_buffer("pe", model.positional.pe[:tgt_len].clone(), persistent=False)
+        self.register_buffer(
+            "pe", model.positional.pe[:tgt_len].clone(), persistent=False
+        )
 
-    def forward(self, memory: Tensor, src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, memory: Tensor, src: Tensor, tgt: Tensor
+    ) -> tuple[Tensor, Tensor]:
         c = self.model.config
         src_mask = padding_mask(src, c.pad_id)
         length = tgt.shape[1]
         causal = causal_mask(length, tgt.device)
         x = self.model.tgt_embed.lookup(tgt) * math.sqrt(c.d_model) + self.pe[:length]
         last = self.model.decoder.layers[-1]
-        with record_attention(last) as weights:  # the last layer's attentions keep their weights
+        with record_attention(
+            last
+        ) as weights:  # the last layer's attentions keep their weights
             hidden = self.model.decoder(x, memory, src_mask=src_mask, tgt_mask=causal)
         return self.model.generator(hidden), weights["cross_attn"]
 
@@ -138,37 +153,57 @@ def tokenizer_spec(trained: TrainedModel) -> dict:
         "num_heads": config.num_heads,
         "num_layers": config.num_layers,
         "d_model": config.d_model,
-        "first_year": min(task.sources).year,  # the dates it was trained on span these years
+        "first_year": min(
+            task.sources
+        ).year,  # the dates it was trained on span these years
         "last_year": max(task.sources).year,
         "recipe": trained.recipe.task,
         "seed": trained.seed,
         "steps": trained.steps,
         "accuracy": trained.accuracy,
-        "examples": [date_to_french(d) for d in task.test_dates[:4]],  # as a reader writes them
+        "examples": [
+            date_to_french(d) for d in task.test_dates[:4]
+        ],  # as a reader writes them
     }
 
 
 @contextlib.contextmanager
 def _quiet_exporter():
     """Silence what the exporter says about its own internals (not about the model)."""
-    registry = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
+    registry = logging.getLogger(
+        "torch.onnx._internal.exporter._registration"
+    )  # "torchvision is not installed"
     level = registry.level
     registry.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=r".*LeafSpec.*is deprecated", category=FutureWarning
+            )
             yield
     finally:
         registry.setLevel(level)
 
 
-def _export_graph(module: nn.Module, args: tuple[Tensor, ...], inputs: list[str], outputs: list[str], path: Path):
+def _export_graph(
+    module: nn.Module,
+    args: tuple[Tensor, ...],
+    inputs: list[str],
+    outputs: list[str],
+    path: Path,
+):
     """``torch.onnx.export`` with fixed shapes, without the per-node source notes the exporter adds."""
     import onnx  # the book extra installs onnx, onnxscript and onnxruntime
 
     with _quiet_exporter():
         program = torch.onnx.export(
-            module, args, input_names=inputs, output_names=outputs, dynamo=True, optimize=True, verbose=False
+            module,
+            args,
+            input_names=inputs,
+            output_names=outputs,
+            dynamo=True,
+            optimize=True,
+            verbose=False,
         )
     proto = program.model_proto
     # The exporter annotates every node with the Python stack that made it: useful for
@@ -189,7 +224,9 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
     Takes a few seconds: ``torch.export`` traces each graph once.
     """
     if not isinstance(trained.task, DateTask):
-        raise ValueError(f"export_onnx exports the dates model, got a {type(trained.task).__name__}")
+        raise ValueError(
+            f"export_onnx exports the dates model, got a {type(trained.task).__name__}"
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     spec = tokenizer_spec(trained)
@@ -218,8 +255,16 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
             "bytes": (folder / name).stat().st_size,
             "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest(),
         }
-    (folder / TOKENIZER_FILE).write_text(json.dumps(spec, ensure_ascii=False, indent=1), encoding="utf-8")
-    return OnnxExport(folder, folder / ENCODER_FILE, folder / DECODER_FILE, folder / TOKENIZER_FILE, spec)
+    (folder / TOKENIZER_FILE).write_text(
+        json.dumps(spec, ensure_ascii=False, indent=1), encoding="utf-8"
+    )
+    return OnnxExport(
+        folder,
+        folder / ENCODER_FILE,
+        folder / DECODER_FILE,
+        folder / TOKENIZER_FILE,
+        spec,
+    )
 
 
 @dataclass
@@ -227,11 +272,17 @@ class OnnxDecoding:
     """One greedy decoding by the exported graphs: what the page shows."""
 
     ids: list[int]  # <bos>, the chosen ids, <eos> (if produced)
-    probabilities: np.ndarray  # (steps, tgt_vocab): the distribution each step chose from
-    cross_attention: np.ndarray  # (heads, len(ids) - 1, source words): last layer, last step
+    probabilities: (
+        np.ndarray
+    )  # (steps, tgt_vocab): the distribution each step chose from
+    cross_attention: (
+        np.ndarray
+    )  # (heads, len(ids) - 1, source words): last layer, last step
 
 
-def onnx_greedy_decode(export: OnnxExport, words: list[str], sessions: tuple | None = None) -> OnnxDecoding:
+def onnx_greedy_decode(
+    export: OnnxExport, words: list[str], sessions: tuple | None = None
+) -> OnnxDecoding:
     """Translate the source ``words`` with onnxruntime, step by step, as the page does.
 
     Each step runs the decoder on the prefix padded to ``decoder_len`` and takes the
@@ -244,11 +295,15 @@ def onnx_greedy_decode(export: OnnxExport, words: list[str], sessions: tuple | N
         sessions = onnx_sessions(export)
     encoder, decoder = sessions
     known = spec["source_tokens"]
-    unknown = [w for w in words if w not in known[3:]]  # ids 0-2 are <pad>, <bos>, <eos>
+    unknown = [
+        w for w in words if w not in known[3:]
+    ]  # ids 0-2 are <pad>, <bos>, <eos>
     if unknown:
         raise ValueError(f"words holds words the model does not know: {unknown}")
     if not 0 < len(words) <= spec["src_len"]:
-        raise ValueError(f"words must hold 1 to {spec['src_len']} words, got {len(words)}")
+        raise ValueError(
+            f"words must hold 1 to {spec['src_len']} words, got {len(words)}"
+        )
     ids = [known.index(w) for w in words]
     src = np.full((1, spec["src_len"]), spec["pad_id"], dtype=np.int64)
     src[0, : len(ids)] = ids
@@ -257,13 +312,19 @@ def onnx_greedy_decode(export: OnnxExport, words: list[str], sessions: tuple | N
     while len(ys) < spec["max_len"]:
         tgt = np.full((1, spec["decoder_len"]), spec["pad_id"], dtype=np.int64)
         tgt[0, : len(ys)] = ys
-        logits, attention = decoder.run(None, {"memory": memory, "src": src, "tgt": tgt})
+        logits, attention = decoder.run(
+            None, {"memory": memory, "src": src, "tgt": tgt}
+        )
         last = logits[0, len(ys) - 1].astype(np.float64)
-        distributions.append(np.exp(last - last.max()) / np.exp(last - last.max()).sum())
+        distributions.append(
+            np.exp(last - last.max()) / np.exp(last - last.max()).sum()
+        )
         ys.append(int(last.argmax()))
         if ys[-1] == spec["eos_id"]:
             break
-    return OnnxDecoding(ys, np.stack(distributions), attention[0, :, : len(ys) - 1, : len(ids)])
+    return OnnxDecoding(
+        ys, np.stack(distributions), attention[0, :, : len(ys) - 1, : len(ids)]
+    )
 
 
 def onnx_sessions(export: OnnxExport) -> tuple:
@@ -271,7 +332,9 @@ def onnx_sessions(export: OnnxExport) -> tuple:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1  # tiny graphs: threads only cost
+    options.intra_op_num_threads = options.inter_op_num_threads = (
+        1  # tiny graphs: threads only cost
+    )
     return tuple(
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         for path in (export.encoder, export.decoder)

@@ -27,25 +27,24 @@ def greedy_decode(
     src_mask: Tensor | None = None,
     use_cache: bool = True,
 ) -> Tensor:
-    """``src (batch, src_len)`` → ids ``(batch, ≤ max_len)``, BOS first, ``pad_id`` after EOS.
-    ``use_cache=False`` feeds the whole prefix at every step: the same tokens, more slowly."""
+    """``src (batch, src_len)`` → ids ``(batch, ≤ max_len)``: BOS, then the likeliest
+    token at each step; ``pad_id`` after EOS. No cache: the same tokens, more slowly."""
     check_decoding(model.config, src, max_len, bos_id, eos_id)
-    if src_mask is None:
-        src_mask = padding_mask(src, model.config.pad_id)
+    pad = model.config.pad_id
+    src_mask = padding_mask(src, pad) if src_mask is None else src_mask
     memory = model.encode(src, src_mask)
     ys = torch.full((len(src), 1), bos_id, device=src.device)
     done = torch.zeros(len(src), dtype=torch.bool, device=src.device)
     cache = model.decoder.new_cache() if use_cache else None
-    for _ in range(max_len - 1):
-        # With the cache, only the newest token; without, the whole prefix, causally masked.
-        new, mask = (ys[:, -1:], None) if use_cache else (ys, causal_mask(ys.shape[1], ys.device))
-        hidden = model.decode(memory, new, src_mask=src_mask, tgt_mask=mask, cache=cache)
-        token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(done, model.config.pad_id)
+    while ys.shape[1] < max_len and not done.all():
+        if use_cache:  # only the newest token: the cache holds the rest
+            hidden = model.decode(memory, ys[:, -1:], src_mask=src_mask, cache=cache)
+        else:  # the whole prefix, causally masked
+            causal = causal_mask(ys.shape[1], ys.device)
+            hidden = model.decode(memory, ys, src_mask=src_mask, tgt_mask=causal)
+        token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(done, pad)
         ys = torch.cat([ys, token[:, None]], dim=1)
-        if eos_id is not None:
-            done |= token == eos_id
-        if done.all():
-            break
+        done |= token == eos_id if eos_id is not None else False
     return ys
 
 
@@ -88,12 +87,16 @@ def beam_search(
     ys = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # at the start all beams are the same prefix: expand only one
-    lengths = torch.zeros(batch, k, device=device)  # |y|: tokens after BOS so far, EOS included
+    lengths = torch.zeros(
+        batch, k, device=device
+    )  # |y|: tokens after BOS so far, EOS included
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
 
     for _step in range(max_len - 1):
         hidden = model.decode(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
-        log_probs = model.generator(hidden[:, -1]).log_softmax(dim=-1).view(batch, k, vocab)
+        log_probs = (
+            model.generator(hidden[:, -1]).log_softmax(dim=-1).view(batch, k, vocab)
+        )
         # A finished hypothesis may only be continued by padding, at no cost.
         pad_only = torch.full_like(log_probs[0, 0], float("-inf"))
         pad_only[pad_id] = 0.0
@@ -101,7 +104,10 @@ def beam_search(
 
         candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)
         candidate_lengths = (
-            (lengths + (~finished).float()).unsqueeze(-1).expand(batch, k, vocab).reshape(batch, k * vocab)
+            (lengths + (~finished).float())
+            .unsqueeze(-1)
+            .expand(batch, k, vocab)
+            .reshape(batch, k * vocab)
         )
         ranked = candidates / length_penalty(candidate_lengths, alpha)
         _, best = ranked.topk(k, dim=-1)  # (batch, k)
@@ -111,9 +117,13 @@ def beam_search(
         rows = (beam + torch.arange(batch, device=device).unsqueeze(1) * k).view(-1)
         scores = candidates.gather(1, best)
         lengths = candidate_lengths.gather(1, best)
-        finished = finished.gather(1, beam) | (token == eos_id if eos_id is not None else False)
+        finished = finished.gather(1, beam) | (
+            token == eos_id if eos_id is not None else False
+        )
         ys = torch.cat([ys.index_select(0, rows), token.view(-1, 1)], dim=1)
-        for layer_cache in cache:  # the cross-attention cache is the same for every beam of a source
+        for (
+            layer_cache
+        ) in cache:  # the cross-attention cache is the same for every beam of a source
             layer_cache.self_attn.reorder(rows)
         if finished.all():
             break

@@ -11,17 +11,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import check_positive, require_tensor, shape_of
+from .checks import check_positive, check_tokens, require_tensor, shape_of
 
 
 def padding_mask(tokens: Tensor, pad_id: int = 0) -> Tensor:
-    """Hide padding keys: ``tokens (batch, seq)`` → ``(batch, 1, seq)``, True where the token is real.
+    """Hide padding keys: ``tokens (batch, seq)`` → ``(batch, 1, seq)``, True if real.
 
     The middle axis of size 1 broadcasts over every query position.
     """
-    require_tensor(tokens, "tokens")
-    if tokens.dim() != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-        raise ValueError(f"tokens must be integer ids of shape (batch, seq), got {tokens.dtype} {shape_of(tokens)}")
+    check_tokens(tokens, "tokens")
     return (tokens != pad_id).unsqueeze(1)
 
 
@@ -35,7 +33,7 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
 
 
 def target_mask(tokens: Tensor, pad_id: int = 0) -> Tensor:
-    """The decoder's self-attention mask: padding and causal together, ``(batch, seq, seq)``."""
+    """The decoder's self-attention mask, padding and causal: ``(batch, seq, seq)``."""
     return padding_mask(tokens, pad_id) & causal_mask(tokens.shape[1], tokens.device)
 
 
@@ -43,5 +41,7 @@ def to_pytorch_mask(mask: Tensor) -> Tensor:
     """Flip our convention (True = may attend) into ``nn.MultiheadAttention``'s (True = blocked)."""
     require_tensor(mask, "mask")
     if mask.dtype != torch.bool:
-        raise ValueError(f"mask must be boolean, got dtype {mask.dtype} with shape {shape_of(mask)}")
+        raise ValueError(
+            f"mask must be boolean, got dtype {mask.dtype} with shape {shape_of(mask)}"
+        )
     return ~mask

@@ -7,7 +7,13 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from .checks import check_mask, check_positive, check_probability, check_target, check_tokens
+from .checks import (
+    check_mask,
+    check_positive,
+    check_probability,
+    check_target,
+    check_tokens,
+)
 from .decoder import Decoder, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
@@ -32,13 +38,25 @@ class ModelConfig:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len"):
+        for name in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "num_heads",
+            "d_ff",
+            "num_layers",
+            "max_len",
+        ):
             check_positive(getattr(self, name), name)
         check_probability(self.dropout, "dropout")
         if self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
+            )
         if self.d_model % 2:
-            raise ValueError(f"d_model must be even for the sinusoidal positional encoding, got {self.d_model}")
+            raise ValueError(
+                f"d_model must be even for the sinusoidal positional encoding, got {self.d_model}"
+            )
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ValueError(
                 f"pad_id={self.pad_id} must be an id of both vocabularies "
@@ -63,7 +81,9 @@ class ModelConfig:
         return replace(cls(vocab_size, vocab_size, share_embeddings=True), **overrides)
 
     @classmethod
-    def small(cls, src_vocab_size: int, tgt_vocab_size: int | None = None, **overrides) -> ModelConfig:
+    def small(
+        cls, src_vocab_size: int, tgt_vocab_size: int | None = None, **overrides
+    ) -> ModelConfig:
         """A model that trains in seconds to a minute on a laptop CPU: 2 layers, d_model 64, 4 heads."""
         config = cls(
             src_vocab_size,
@@ -94,8 +114,14 @@ class Transformer(nn.Module):
         self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model)
         self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model)
         self.positional = PositionalEncoding(c.d_model, c.max_len, c.dropout)
-        self.encoder = Encoder(EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first), c.num_layers)
-        self.decoder = Decoder(DecoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first), c.num_layers)
+        self.encoder = Encoder(
+            EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first),
+            c.num_layers,
+        )
+        self.decoder = Decoder(
+            DecoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first),
+            c.num_layers,
+        )
         self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
         if c.share_embeddings:
             # The paper ties three matrices: both embeddings and the pre-softmax projection.
@@ -107,7 +133,9 @@ class Transformer(nn.Module):
         check_tokens(src, "src", self.config.src_vocab_size, self.config.max_len)
         if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_id)
-        check_mask(src_mask, "src_mask", (src.shape[0], src.shape[1], src.shape[1]), src.device)
+        check_mask(
+            src_mask, "src_mask", (src.shape[0], src.shape[1], src.shape[1]), src.device
+        )
         return self.encoder(self.positional(self.src_embed(src)), src_mask)
 
     def decode(
@@ -135,19 +163,32 @@ class Transformer(nn.Module):
         new = tgt.shape[1]
         if tgt_mask is None and cache is None:
             tgt_mask = target_mask(tgt, self.config.pad_id)
-        elif tgt_mask is None and new > 1:  # every cached position, and the new ones' own past
-            tgt_mask = torch.ones(new, past + new, dtype=torch.bool, device=tgt.device).tril(past)[None]
+        elif (
+            tgt_mask is None and new > 1
+        ):  # every cached position, and the new ones' own past
+            tgt_mask = torch.ones(
+                new, past + new, dtype=torch.bool, device=tgt.device
+            ).tril(past)[None]
         x = self.positional(self.tgt_embed(tgt), offset=past)
-        return self.decoder(x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache)
+        return self.decoder(
+            x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache
+        )
 
     def forward(
-        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
     ) -> Tensor:
-        """Logits ``(batch, tgt_len, tgt_vocab_size)``; a softmax over the last axis gives probabilities."""
+        """Logits ``(batch, tgt_len, tgt_vocab_size)``; their softmax: the probabilities."""
+        check_tokens(src, "src", self.config.src_vocab_size, self.config.max_len)
         if src_mask is None:  # derived once, used by both encoder and decoder
             src_mask = padding_mask(src, self.config.pad_id)
         memory = self.encode(src, src_mask)
-        return self.generator(self.decode(memory, tgt, src_mask=src_mask, tgt_mask=tgt_mask))
+        return self.generator(
+            self.decode(memory, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+        )
 
 
 def make_model(config: ModelConfig) -> Transformer:

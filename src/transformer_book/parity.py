@@ -21,10 +21,14 @@ from .model import Transformer
 
 @torch.no_grad()
 def _copy_attention(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
-    theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+    theirs.in_proj_weight.copy_(
+        torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
+    )
     theirs.out_proj.weight.copy_(ours.out_proj.weight)
     if ours.q_proj.bias is not None:
-        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        theirs.in_proj_bias.copy_(
+            torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias])
+        )
         theirs.out_proj.bias.copy_(ours.out_proj.bias)
 
 
@@ -35,7 +39,9 @@ def _copy_layer(ours: EncoderLayer | DecoderLayer, theirs: nn.Module) -> None:
     if isinstance(ours, DecoderLayer):
         _copy_attention(ours.cross_attn, theirs.multihead_attn)
     for name in ("linear1", "linear2"):
-        getattr(theirs, name).load_state_dict(getattr(ours.feed_forward, name).state_dict())
+        getattr(theirs, name).load_state_dict(
+            getattr(ours.feed_forward, name).state_dict()
+        )
     for name in ("norm1", "norm2", "norm3"):
         if hasattr(ours, name):
             getattr(theirs, name).load_state_dict(getattr(ours, name).state_dict())
@@ -88,7 +94,9 @@ def to_pytorch(module: nn.Module) -> nn.Module:
     elif isinstance(module, Encoder):
         layers = [to_pytorch(layer) for layer in module.layers]
         # enable_nested_tensor=False: the nested-tensor fast path writes zeros at padded positions.
-        theirs = nn.TransformerEncoder(layers[0], len(layers), norm=_final_norm(module), enable_nested_tensor=False)
+        theirs = nn.TransformerEncoder(
+            layers[0], len(layers), norm=_final_norm(module), enable_nested_tensor=False
+        )
         theirs.layers = nn.ModuleList(layers)
     elif isinstance(module, Decoder):
         layers = [to_pytorch(layer) for layer in module.layers]
@@ -96,7 +104,9 @@ def to_pytorch(module: nn.Module) -> nn.Module:
         theirs.layers = nn.ModuleList(layers)
     elif isinstance(module, Transformer):
         c = module.config
-        with warnings.catch_warnings():  # its default stacks, replaced below, warn about nested tensors
+        with (
+            warnings.catch_warnings()
+        ):  # its default stacks, replaced below, warn about nested tensors
             warnings.simplefilter("ignore", UserWarning)
             theirs = nn.Transformer(
                 c.d_model,

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .checks import check_features, check_positive, check_probability
+from .checks import check_encoding, check_features, check_probability
 
 
 def sinusoidal_positional_encoding(
@@ -27,23 +27,19 @@ def sinusoidal_positional_encoding(
     """The table of positional encodings, ``(max_len, d_model)``.
 
     ``interleaved=True`` is the paper's layout: sine in even columns, cosine in odd
-    ones. ``interleaved=False`` is tensor2tensor's column layout (all sines in the first
-    half, all cosines in the second) with the paper's frequencies: the same numbers in a
-    different column order. (tensor2tensor also spaces its frequencies slightly differently.)
+    ones. ``interleaved=False`` puts all sines first, then all cosines (tensor2tensor's
+    layout, with the paper's frequencies): the same numbers, columns in another order.
     """
-    check_positive(max_len, "max_len")
-    check_positive(d_model, "d_model")
-    if d_model % 2:
-        raise ValueError(f"d_model must be even (a sine and a cosine per frequency), got {d_model}")
-    # Computed in float64 and cast once, so the table is as exact as the dtype allows.
-    position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+    check_encoding(max_len, d_model)
+    # In float64, cast once at the end: the table is as exact as the dtype allows.
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
-    frequency = torch.exp(-math.log(10000.0) * two_i / d_model)  # 1 / 10000^(2i/d_model)
+    frequency = torch.exp(-math.log(10000.0) * two_i / d_model)  # 10000^(-2i/d)
     angle = position * frequency  # (max_len, d_model/2)
-    if interleaved:
-        table = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)  # sin, cos, sin, cos, ...
-    else:
-        table = torch.cat([angle.sin(), angle.cos()], dim=-1)  # sin ... sin, cos ... cos
+    if interleaved:  # sin, cos, sin, cos, ...
+        table = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)
+    else:  # sin ... sin, cos ... cos
+        table = torch.cat([angle.sin(), angle.cos()], dim=-1)
     return table.to(dtype)
 
 
@@ -55,14 +51,24 @@ class PositionalEncoding(nn.Module):
     chapter 9) gives it the position it really has.
     """
 
-    def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.1, interleaved: bool = True) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        max_len: int = 5000,
+        dropout: float = 0.1,
+        interleaved: bool = True,
+    ) -> None:
         super().__init__()
         check_probability(dropout, "dropout")
         self.d_model = d_model
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
         # A buffer: it moves with .to(device) but is not a parameter and is not saved.
-        self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model, interleaved), persistent=False)
+        self.register_buffer(
+            "pe",
+            sinusoidal_positional_encoding(max_len, d_model, interleaved),
+            persistent=False,
+        )
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         check_features(x, "x", self.d_model)

@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TextIO
 
-from tqdm import tqdm  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
+from tqdm import (
+    tqdm,
+)  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
 __all__ = ["ProgressBar", "in_notebook_kernel", "progress_bar"]
 
@@ -96,7 +98,9 @@ class ProgressBar:
         if total is not None and total < 0:
             raise ValueError(f"total must be >= 0 or None, got {total}")
         if mode not in ("auto", "notebook", "terminal"):
-            raise ValueError(f"mode must be 'auto', 'notebook' or 'terminal', got {mode!r}")
+            raise ValueError(
+                f"mode must be 'auto', 'notebook' or 'terminal', got {mode!r}"
+            )
         self.total = total
         self.desc = desc
         self.unit = unit
@@ -104,7 +108,9 @@ class ProgressBar:
         self.initial = initial
         self.n = initial
         self.postfix: dict[str, str] = {}
-        self.notebook = enabled and (mode == "notebook" or (mode == "auto" and in_notebook_kernel()))
+        self.notebook = enabled and (
+            mode == "notebook" or (mode == "auto" and in_notebook_kernel())
+        )
         self.closed = False
         self._start = time.perf_counter()
         self._elapsed: float | None = None  # fixed at close
@@ -133,25 +139,47 @@ class ProgressBar:
     @property
     def elapsed(self) -> float:
         """Seconds since the bar was made (frozen when it closes)."""
-        return self._elapsed if self._elapsed is not None else time.perf_counter() - self._start
+        return (
+            self._elapsed
+            if self._elapsed is not None
+            else time.perf_counter() - self._start
+        )
 
     def line(self) -> str:
         """The bar as one line of text, as tqdm draws it:
         ``training:  45%|████▌     | 450/1000 [00:05<00:06, 90.00step/s, loss=0.412]``."""
         elapsed = self.elapsed
-        rate = (self.n - self.initial) / elapsed if elapsed > 0 and self.n > self.initial else None
+        rate = (
+            (self.n - self.initial) / elapsed
+            if elapsed > 0 and self.n > self.initial
+            else None
+        )
         postfix = ", ".join(f"{k}={v}" for k, v in self.postfix.items()) or None
         return tqdm.format_meter(
-            self.n, self.total, elapsed, prefix=self.desc, unit=self.unit, rate=rate, postfix=postfix
+            self.n,
+            self.total,
+            elapsed,
+            prefix=self.desc,
+            unit=self.unit,
+            rate=rate,
+            postfix=postfix,
         )
 
     def summary(self) -> str:
         """The run in one line: ``training: 1000/1000 steps in 12.3 s, loss 0.412, metric 0.987``."""
-        units = self.unit if self.unit.endswith("s") or self.unit == "it" else self.unit + "s"
+        units = (
+            self.unit
+            if self.unit.endswith("s") or self.unit == "it"
+            else self.unit + "s"
+        )
         count = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
         text = f"{count} {units} in {format_seconds(self.elapsed)}"
         figures = ", ".join(f"{k} {v}" for k, v in self.postfix.items())
-        return (f"{self.desc}: " if self.desc else "") + text + (f", {figures}" if figures else "")
+        return (
+            (f"{self.desc}: " if self.desc else "")
+            + text
+            + (f", {figures}" if figures else "")
+        )
 
     def _bundle(self) -> dict[str, str]:
         """The notebook output: while running, the text bar and an HTML one; closed, the summary."""
@@ -159,9 +187,8 @@ class ProgressBar:
             return {"text/plain": self.summary()}
         text = self.line()
         if self.total:
-            bar = (
-                f'<progress value="{self.n}" max="{self.total}" style="width: 16em; vertical-align: middle"></progress>'
-            )
+            style = "width: 16em; vertical-align: middle"
+            bar = f'<progress value="{self.n}" max="{self.total}" style="{style}"></progress>'
         else:
             bar = ""
         return {
@@ -170,7 +197,9 @@ class ProgressBar:
         }
 
     def _draw(self, force: bool = False) -> None:
-        if self._handle is None:  # no front end took the output (IPython's display outside a kernel)
+        if (
+            self._handle is None
+        ):  # no front end took the output (IPython's display outside a kernel)
             return
         now = time.perf_counter()
         if force or now - self._last_draw >= self._interval:
@@ -247,4 +276,13 @@ def progress_bar(
     least time between redraws (default 0.5 s in a notebook, 0.1 s in a terminal). With
     ``enabled=False`` it shows nothing (for example on every rank but the first).
     """
-    return ProgressBar(total, desc, unit, enabled=enabled, initial=initial, mode=mode, file=file, interval=interval)
+    return ProgressBar(
+        total,
+        desc,
+        unit,
+        enabled=enabled,
+        initial=initial,
+        mode=mode,
+        file=file,
+        interval=interval,
+    )

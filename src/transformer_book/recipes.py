@@ -32,7 +32,14 @@ except ImportError:  # Python 3.10
 from .data import Batch, CopyTask, DateTask
 from .model import ModelConfig, Transformer, make_model
 from .runtime import get_device, seed_everything
-from .training import History, LabelSmoothingLoss, exact_match, fit, noam_optimizer, noam_rate
+from .training import (
+    History,
+    LabelSmoothingLoss,
+    exact_match,
+    fit,
+    noam_optimizer,
+    noam_rate,
+)
 
 Task = CopyTask | DateTask
 
@@ -56,9 +63,13 @@ class Recipe:
     num_heads: int = 4
     d_ff: int = 256
     num_layers: int = 2
-    norm_first: bool = False  # LayerNorm before each sublayer (pre-norm) instead of after it
+    norm_first: bool = (
+        False  # LayerNorm before each sublayer (pre-norm) instead of after it
+    )
     taper: bool = False  # the rate also falls linearly to zero at max_steps (noam_rate's total_steps)
-    average: float | None = None  # evaluate and keep an average of the weights with this decay (fit's average)
+    average: float | None = (
+        None  # evaluate and keep an average of the weights with this decay (fit's average)
+    )
 
     def make_task(self, seed: int = 0) -> Task:
         """The task with its held-out set drawn from ``seed``."""
@@ -76,15 +87,24 @@ class Recipe:
         """Where the schedule reaches zero (``noam_rate``'s ``total_steps``): the cap, or None without a taper."""
         return self.max_steps if self.taper else None
 
-    def optimizer(self, model: nn.Module) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
+    def optimizer(
+        self, model: nn.Module
+    ) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
         """Adam with the paper's warm-up schedule, scaled and tapered as this recipe says."""
         return noam_optimizer(
-            model, self.d_model, self.warmup, self.lr_factor, eps=self.adam_eps, total_steps=self.taper_steps
+            model,
+            self.d_model,
+            self.warmup,
+            self.lr_factor,
+            eps=self.adam_eps,
+            total_steps=self.taper_steps,
         )
 
     def rate(self, step: int) -> float:
         """The learning rate of update ``step`` (counted from 1) under this recipe's schedule."""
-        return noam_rate(step, self.d_model, self.warmup, self.lr_factor, self.taper_steps)
+        return noam_rate(
+            step, self.d_model, self.warmup, self.lr_factor, self.taper_steps
+        )
 
     def loss_fn(self, config: ModelConfig) -> LabelSmoothingLoss:
         return LabelSmoothingLoss(config.tgt_vocab_size, self.smoothing, config.pad_id)
@@ -109,7 +129,9 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def held_out_accuracy(model: Transformer, task: Task, limit: int | None = None) -> float:
+def held_out_accuracy(
+    model: Transformer, task: Task, limit: int | None = None
+) -> float:
     """Exact match of greedy decoding on ``task``'s held-out set (its first ``limit`` pairs if given)."""
     src, tgt = task.test_set()
     if limit is not None:
@@ -173,7 +195,9 @@ def train_recipe(
     model = history.averaged if history.averaged is not None else model.eval()
     if accelerate:
         fast.plain(model)
-    return TrainedModel(model, task, r, seed, history.step[-1], history.eval_metric[-1], history)
+    return TrainedModel(
+        model, task, r, seed, history.step[-1], history.eval_metric[-1], history
+    )
 
 
 # --- the shipped checkpoints -------------------------------------------------------------------
@@ -193,7 +217,9 @@ def checkpoint_state(trained: TrainedModel) -> dict:
         "seed": trained.seed,
         "steps": trained.steps,
         "accuracy": trained.accuracy,
-        "torch": str(torch.__version__),  # a plain string: weights_only loading refuses TorchVersion
+        "torch": str(
+            torch.__version__
+        ),  # a plain string: weights_only loading refuses TorchVersion
     }
 
 
@@ -207,12 +233,18 @@ def read_checkpoint(folder: Path | Traversable, name: str) -> dict:
     r = recipe(name)
     file = folder / f"{name}.pt"
     if not file.is_file():
-        raise ValueError(f"name={name!r}: no checkpoint {file} is shipped for this recipe; use retrain=True")
+        raise ValueError(
+            f"name={name!r}: no checkpoint {file} is shipped for this recipe; use retrain=True"
+        )
     data = file.read_bytes()
     sums = (folder / "SHA256SUMS").read_text().split()
-    expected = dict(zip(sums[1::2], sums[0::2]))  # file name -> digest, as sha256sum writes them
+    expected = dict(
+        zip(sums[1::2], sums[0::2])
+    )  # file name -> digest, as sha256sum writes them
     if expected.get(file.name) != checkpoint_digest(data):
-        raise ValueError(f"checkpoint {file}: its SHA-256 does not match SHA256SUMS (corrupt or replaced)")
+        raise ValueError(
+            f"checkpoint {file}: its SHA-256 does not match SHA256SUMS (corrupt or replaced)"
+        )
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     if state.get("recipe") != dataclasses.asdict(r):
         raise ValueError(
@@ -222,7 +254,9 @@ def read_checkpoint(folder: Path | Traversable, name: str) -> dict:
     return state
 
 
-def trained_model(name: str = "dates", *, retrain: bool = False, device: torch.device | None = None) -> TrainedModel:
+def trained_model(
+    name: str = "dates", *, retrain: bool = False, device: torch.device | None = None
+) -> TrainedModel:
     """A model trained by ``RECIPES[name]``, in evaluation mode, and its task.
 
     By default the checkpoint shipped inside the package is loaded (a second, no
@@ -239,4 +273,11 @@ def trained_model(name: str = "dates", *, retrain: bool = False, device: torch.d
     model.load_state_dict(state["model"])
     model.to(device).eval()
     r = recipe(name)
-    return TrainedModel(model, r.make_task(state["seed"]), r, state["seed"], state["steps"], state["accuracy"])
+    return TrainedModel(
+        model,
+        r.make_task(state["seed"]),
+        r,
+        state["seed"],
+        state["steps"],
+        state["accuracy"],
+    )

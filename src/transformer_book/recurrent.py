@@ -46,7 +46,9 @@ class RecurrentConfig:
 
     src_vocab_size: int
     tgt_vocab_size: int
-    hidden: int = 64  # width of the decoder's state; each encoder direction has hidden // 2
+    hidden: int = (
+        64  # width of the decoder's state; each encoder direction has hidden // 2
+    )
     embed: int = 32
     attention: bool = False
     pad_id: int = 0
@@ -63,13 +65,23 @@ class RecurrentSeq2Seq(nn.Module):
         super().__init__()
         check_positive(config.hidden, "hidden")
         if config.hidden % 2:
-            raise ValueError(f"hidden must be even (two encoder directions), got {config.hidden}")
+            raise ValueError(
+                f"hidden must be even (two encoder directions), got {config.hidden}"
+            )
         self.config = config
         h = config.hidden
-        self.src_embed = nn.Embedding(config.src_vocab_size, config.embed, padding_idx=config.pad_id)
-        self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.embed, padding_idx=config.pad_id)
-        self.encoder = nn.GRU(config.embed, h // 2, batch_first=True, bidirectional=True)
-        self.bridge = nn.Linear(h, h)  # final encoder states -> the decoder's first state
+        self.src_embed = nn.Embedding(
+            config.src_vocab_size, config.embed, padding_idx=config.pad_id
+        )
+        self.tgt_embed = nn.Embedding(
+            config.tgt_vocab_size, config.embed, padding_idx=config.pad_id
+        )
+        self.encoder = nn.GRU(
+            config.embed, h // 2, batch_first=True, bidirectional=True
+        )
+        self.bridge = nn.Linear(
+            h, h
+        )  # final encoder states -> the decoder's first state
         context = h if config.attention else 0
         self.decoder = nn.GRU(config.embed + context, h, batch_first=True)
         if config.attention:  # additive score v·tanh(W_s s + W_h h_j)
@@ -82,19 +94,31 @@ class RecurrentSeq2Seq(nn.Module):
         """States ``(B, n, hidden)``, the decoder's first state ``(1, B, hidden)`` and the key mask ``(B, n)``."""
         mask = src != self.config.pad_id
         lengths = mask.sum(1).clamp(min=1).cpu()
-        packed = pack_padded_sequence(self.src_embed(src), lengths, batch_first=True, enforce_sorted=False)
+        packed = pack_padded_sequence(
+            self.src_embed(src), lengths, batch_first=True, enforce_sorted=False
+        )
         out, last = self.encoder(packed)
-        states, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
-        first = torch.tanh(self.bridge(torch.cat([last[0], last[1]], dim=-1))).unsqueeze(0)
+        states, _ = pad_packed_sequence(
+            out, batch_first=True, total_length=src.shape[1]
+        )
+        first = torch.tanh(
+            self.bridge(torch.cat([last[0], last[1]], dim=-1))
+        ).unsqueeze(0)
         return states, first, mask
 
-    def attend(self, query: Tensor, states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def attend(
+        self, query: Tensor, states: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """Context ``(B, hidden)`` and weights ``(B, n)`` for a decoder state ``query (B, hidden)``."""
-        scores = self.score_v(torch.tanh(self.score_query(query).unsqueeze(1) + self.score_key(states))).squeeze(-1)
+        scores = self.score_v(
+            torch.tanh(self.score_query(query).unsqueeze(1) + self.score_key(states))
+        ).squeeze(-1)
         weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
         return (weights.unsqueeze(-1) * states).sum(1), weights
 
-    def step(self, token: Tensor, state: Tensor, states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def step(
+        self, token: Tensor, state: Tensor, states: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """One decoder step: logits ``(B, V)``, the new state and (with attention) the weights ``(B, n)``."""
         x = self.tgt_embed(token).unsqueeze(1)
         weights = None
@@ -109,7 +133,9 @@ class RecurrentSeq2Seq(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         states, state, mask = self.encode(src)
-        if not self.config.attention:  # no context to recompute: one call over the whole target
+        if (
+            not self.config.attention
+        ):  # no context to recompute: one call over the whole target
             out, _ = self.decoder(self.tgt_embed(tgt_in), state)
             return self.generator(out)
         logits = []
@@ -119,7 +145,9 @@ class RecurrentSeq2Seq(nn.Module):
         return torch.stack(logits, dim=1)
 
     @torch.no_grad()
-    def greedy(self, src: Tensor, max_len: int, bos_id: int) -> tuple[Tensor, Tensor | None]:
+    def greedy(
+        self, src: Tensor, max_len: int, bos_id: int
+    ) -> tuple[Tensor, Tensor | None]:
         """Greedy decoding: ids ``(B, max_len)`` starting with BOS, and attention weights ``(B, max_len-1, n)``."""
         states, state, mask = self.encode(src)
         token = torch.full((src.shape[0],), bos_id, dtype=torch.long, device=src.device)
@@ -129,19 +157,28 @@ class RecurrentSeq2Seq(nn.Module):
             token = logits.argmax(-1)
             out.append(token)
             weights.append(w)
-        return torch.stack(out, 1), (torch.stack(weights, 1) if self.config.attention else None)
+        return torch.stack(out, 1), (
+            torch.stack(weights, 1) if self.config.attention else None
+        )
 
 
 def row_matches(decoded: Tensor, tgt: Tensor, eos_id: int, pad_id: int = 0) -> Tensor:
     """A boolean per row: is ``decoded (N, m)`` (BOS first) the target ``tgt (N, m)`` up to EOS?"""
-    predicted, expected = strip_sequences(decoded.cpu(), eos_id, pad_id), strip_sequences(tgt.cpu(), eos_id, pad_id)
+    predicted, expected = (
+        strip_sequences(decoded.cpu(), eos_id, pad_id),
+        strip_sequences(tgt.cpu(), eos_id, pad_id),
+    )
     return torch.tensor([p == e for p, e in zip(predicted, expected)])
 
 
-def match_per_row(model: RecurrentSeq2Seq, src: Tensor, tgt: Tensor, bos_id: int, eos_id: int) -> Tensor:
+def match_per_row(
+    model: RecurrentSeq2Seq, src: Tensor, tgt: Tensor, bos_id: int, eos_id: int
+) -> Tensor:
     """Greedy decoding of every row of ``src (N, n)`` compared with ``tgt (N, m)``: a boolean per row."""
     model.eval()
-    decoded, _ = model.greedy(src.to(next(model.parameters()).device), tgt.shape[1], bos_id)
+    decoded, _ = model.greedy(
+        src.to(next(model.parameters()).device), tgt.shape[1], bos_id
+    )
     return row_matches(decoded, tgt, eos_id, model.config.pad_id)
 
 
@@ -166,7 +203,9 @@ def sequential_depth(output: Tensor) -> int:
     Operations on one chain must run one after the other; everything else could run in parallel.
     """
     if output.grad_fn is None:
-        raise ValueError("output must come from a computation with requires_grad inputs")
+        raise ValueError(
+            "output must come from a computation with requires_grad inputs"
+        )
     depth: dict = {}
     stack = [(output.grad_fn, False)]
     while stack:  # iterative post-order: a recurrent graph is thousands of nodes deep
@@ -188,7 +227,9 @@ def path_length(output: Tensor, leaf: Tensor) -> int:
     Raises ``ValueError`` when ``output`` does not depend on ``leaf`` at all.
     """
     if output.grad_fn is None or not leaf.is_leaf or not leaf.requires_grad:
-        raise ValueError("output must have a grad_fn and leaf must be a leaf tensor that requires grad")
+        raise ValueError(
+            "output must have a grad_fn and leaf must be a leaf tensor that requires grad"
+        )
     frontier, seen, steps = [output.grad_fn], {output.grad_fn}, 1
     while frontier:
         following = []
@@ -217,7 +258,9 @@ class BaselineRecipe:
     lr: float = 3e-3
     clip_norm: float = 1.0
     steps: int = 1000
-    eval_every: int = 100  # steps between checks on the first ``eval_rows`` held-out dates
+    eval_every: int = (
+        100  # steps between checks on the first ``eval_rows`` held-out dates
+    )
     eval_rows: int = 250
 
 
@@ -236,11 +279,16 @@ class TrainedBaseline:
     name: str
     seed: int
     accuracy: float  # exact match on the task's held-out set
-    curve: list[tuple[int, float]]  # (step, exact match on the first eval_rows held-out dates)
+    curve: list[
+        tuple[int, float]
+    ]  # (step, exact match on the first eval_rows held-out dates)
 
 
 def train_baseline(
-    name: str, seed: int = 0, steps: int | None = None, device: torch.device | None = None
+    name: str,
+    seed: int = 0,
+    steps: int | None = None,
+    device: torch.device | None = None,
 ) -> TrainedBaseline:
     """Train ``BASELINES[name]`` on the dates task (held-out set and weights from ``seed``)."""
     if name not in BASELINES:
@@ -249,7 +297,14 @@ def train_baseline(
     device = device or get_device()
     seed_everything(seed)
     task = DateTask(seed=seed)
-    config = RecurrentConfig(task.src_vocab_size, task.tgt_vocab_size, r.hidden, r.embed, r.attention, task.pad_id)
+    config = RecurrentConfig(
+        task.src_vocab_size,
+        task.tgt_vocab_size,
+        r.hidden,
+        r.embed,
+        r.attention,
+        task.pad_id,
+    )
     model = RecurrentSeq2Seq(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=r.lr)
     loss_fn = nn.CrossEntropyLoss(ignore_index=task.pad_id)
@@ -268,9 +323,17 @@ def train_baseline(
         if step % r.eval_every == 0:
             rows = slice(0, r.eval_rows)
             curve.append(
-                (step, match_per_row(model, src[rows], tgt[rows], task.bos_id, task.eos_id).float().mean().item())
+                (
+                    step,
+                    match_per_row(model, src[rows], tgt[rows], task.bos_id, task.eos_id)
+                    .float()
+                    .mean()
+                    .item(),
+                )
             )
-    accuracy = match_per_row(model, src, tgt, task.bos_id, task.eos_id).float().mean().item()
+    accuracy = (
+        match_per_row(model, src, tgt, task.bos_id, task.eos_id).float().mean().item()
+    )
     return TrainedBaseline(model.eval(), task, name, seed, accuracy, curve)
 
 
@@ -287,7 +350,9 @@ def baseline_state(trained: TrainedBaseline) -> dict:
 
 
 def trained_baseline(
-    name: str, device: torch.device | None = None, folder: Path | Traversable | None = None
+    name: str,
+    device: torch.device | None = None,
+    folder: Path | Traversable | None = None,
 ) -> TrainedBaseline:
     """The shipped checkpoint of ``BASELINES[name]``, verified against ``SHA256SUMS`` and the recipe.
 
@@ -298,13 +363,27 @@ def trained_baseline(
     folder = folder if folder is not None else resources.files(BASELINE_PACKAGE)
     data = (folder / f"{name}.pt").read_bytes()
     sums = (folder / "SHA256SUMS").read_text().split()
-    if dict(zip(sums[1::2], sums[0::2])).get(f"{name}.pt") != hashlib.sha256(data).hexdigest():
-        raise ValueError(f"baseline checkpoint {name}.pt: its SHA-256 does not match SHA256SUMS")
+    if (
+        dict(zip(sums[1::2], sums[0::2])).get(f"{name}.pt")
+        != hashlib.sha256(data).hexdigest()
+    ):
+        raise ValueError(
+            f"baseline checkpoint {name}.pt: its SHA-256 does not match SHA256SUMS"
+        )
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     if state["recipe"] != dataclasses.asdict(BASELINES[name]):
-        raise ValueError(f"{name}.pt was made by another recipe; run `python scripts/make_baselines.py`")
+        raise ValueError(
+            f"{name}.pt was made by another recipe; run `python scripts/make_baselines.py`"
+        )
     model = RecurrentSeq2Seq(RecurrentConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
     model.to(device or get_device()).eval()
     curve = [(int(step), float(value)) for step, value in state["curve"]]
-    return TrainedBaseline(model, DateTask(seed=state["seed"]), name, state["seed"], state["accuracy"], curve)
+    return TrainedBaseline(
+        model,
+        DateTask(seed=state["seed"]),
+        name,
+        state["seed"],
+        state["accuracy"],
+        curve,
+    )

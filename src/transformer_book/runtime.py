@@ -26,13 +26,25 @@ def get_device() -> torch.device:
         try:
             device = torch.device(forced)
         except RuntimeError as error:
-            raise ValueError(f"{DEVICE_ENV}={forced!r} is not a device name ({error})") from None
+            raise ValueError(
+                f"{DEVICE_ENV}={forced!r} is not a device name ({error})"
+            ) from None
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"{DEVICE_ENV}={forced!r} but torch.cuda.is_available() is False")
-        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-            raise RuntimeError(f"{DEVICE_ENV}={forced!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+            raise RuntimeError(
+                f"{DEVICE_ENV}={forced!r} but torch.cuda.is_available() is False"
+            )
+        if (
+            device.type == "cuda"
+            and device.index is not None
+            and device.index >= torch.cuda.device_count()
+        ):
+            raise RuntimeError(
+                f"{DEVICE_ENV}={forced!r} but only {torch.cuda.device_count()} CUDA device(s) exist"
+            )
         if device.type == "mps" and not torch.backends.mps.is_available():
-            raise RuntimeError(f"{DEVICE_ENV}={forced!r} but torch.backends.mps.is_available() is False")
+            raise RuntimeError(
+                f"{DEVICE_ENV}={forced!r} but torch.backends.mps.is_available() is False"
+            )
         if device.type not in {"cpu", "cuda", "mps"}:
             raise ValueError(f"{DEVICE_ENV}={forced!r}: expected cpu, cuda[:N] or mps")
         return device
@@ -77,7 +89,11 @@ def seed_everything(seed: int | None = None) -> int:
 def describe_environment(device: torch.device | None = None) -> str:
     """One line with the device and the library versions, printed at the top of each chapter."""
     device = device or get_device()
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine()
+    )
     return (
         f"device: {device} ({name}) | python {platform.python_version()} | torch {torch.__version__} "
         f"| numpy {np.__version__}"

@@ -10,7 +10,14 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from .checks import check_logits, check_positive, check_probability, check_smoothing, shape_of
+from .checks import (
+    check_logits,
+    check_positive,
+    check_probability,
+    check_schedule,
+    check_smoothing,
+    shape_of,
+)
 from .data import Batch
 from .inference import greedy_decode
 from .model import Transformer
@@ -20,23 +27,26 @@ from .progress import progress_bar
 class LabelSmoothingLoss(nn.Module):
     """Cross-entropy against a softened target: ``1 - smoothing`` on the right token,
     ``smoothing`` shared evenly by the other real tokens (padding gets nothing).
+    ``logits (..., vocab_size)``, ``target (...)`` ids → the mean loss over the targets
+    that are not padding. With ``smoothing=0`` it is plain cross-entropy."""
 
-    ``logits (..., vocab_size)``, ``target (...)`` ids → the mean loss over the
-    targets that are not padding. With ``smoothing=0`` it is plain cross-entropy.
-    """
-
-    def __init__(self, vocab_size: int, smoothing: float = 0.1, pad_id: int = 0) -> None:
+    def __init__(
+        self, vocab_size: int, smoothing: float = 0.1, pad_id: int = 0
+    ) -> None:
         super().__init__()
         check_smoothing(vocab_size, smoothing, pad_id)
         self.vocab_size, self.smoothing, self.pad_id = vocab_size, smoothing, pad_id
 
     def target_distribution(self, target: Tensor) -> Tensor:
-        """The distribution each position is trained towards, ``target.shape + (vocab_size,)``."""
-        others = self.vocab_size - 2  # neither the right token nor padding
-        dist = torch.full((*target.shape, self.vocab_size), self.smoothing / others, device=target.device)
+        """What each position is trained towards: ``target.shape + (vocab_size,)``."""
+        share = self.smoothing / (
+            self.vocab_size - 2
+        )  # not the right token, not padding
+        dist = torch.full((*target.shape, self.vocab_size), share, device=target.device)
         dist.scatter_(-1, target.unsqueeze(-1), 1.0 - self.smoothing)
         dist[..., self.pad_id] = 0.0
-        return dist.masked_fill((target == self.pad_id).unsqueeze(-1), 0.0)  # padding positions count for nothing
+        # A padding position is trained towards nothing: its row is all zeros.
+        return dist.masked_fill((target == self.pad_id).unsqueeze(-1), 0.0)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         check_logits(logits, target, self.vocab_size)
@@ -45,11 +55,17 @@ class LabelSmoothingLoss(nn.Module):
         return per_position.sum() / (target != self.pad_id).sum().clamp(min=1)
 
 
-def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0, total_steps: int | None = None) -> float:
-    """The paper's learning rate: ``factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)``.
+def noam_rate(
+    step: int,
+    d_model: int,
+    warmup: int,
+    factor: float = 1.0,
+    total_steps: int | None = None,
+) -> float:
+    """The paper's rate, ``factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)``.
 
-    It rises linearly for ``warmup`` steps, then decays as ``1/sqrt(step)``. Step 0 counts as step 1.
-    With ``total_steps`` (not in the paper) the rate is also multiplied by
+    It rises linearly for ``warmup`` steps, then decays as ``1/sqrt(step)``; step 0
+    counts as step 1. With ``total_steps`` (not in the paper) it is also multiplied by
     ``1 - step / total_steps``, a taper that brings it to zero at the last step.
     """
     step = max(step, 1)
@@ -65,27 +81,23 @@ def noam_optimizer(
     eps: float = 1e-9,
     total_steps: int | None = None,
 ) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
-    """Adam with the paper's betas (0.9, 0.98) and eps (1e-9 unless given), and the warm-up schedule above
-    (tapered to zero at ``total_steps`` if given).
+    """Adam with the paper's betas (0.9, 0.98) and eps (1e-9 unless given), and
+    :func:`noam_rate` as its schedule (tapered to zero at ``total_steps`` if given).
 
-    Adam divides each update by ``sqrt(v) + eps``, ``v`` the recent mean squared gradient.
-    A parameter whose gradient is nothing but rounding noise (``v`` near 0) still moves by
-    about the learning rate at every step when ``eps`` is tiny; a larger ``eps`` damps it.
+    Adam divides each update by ``sqrt(v) + eps``, ``v`` the recent mean squared
+    gradient: with a tiny ``eps`` a parameter whose gradient is only rounding noise
+    still moves by about the learning rate at every step; a larger ``eps`` damps it.
     """
-    check_positive(warmup, "warmup")
-    if total_steps is not None:
-        check_positive(total_steps, "total_steps")
-    if not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    check_schedule(warmup, total_steps, eps)
     parameters = list(model.parameters())
-    # PyTorch's fused Adam updates all parameters in one kernel: on a CPU, where the default
-    # is a loop of small ops per parameter, a base model's update takes about 40% of the time.
-    fused = True if all(p.device.type in ("cpu", "cuda") for p in parameters) else None  # None: the default
-    optimizer = torch.optim.Adam(parameters, lr=1.0, betas=(0.9, 0.98), eps=eps, fused=fused)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: noam_rate(step + 1, d_model, warmup, factor, total_steps)
-    )
-    return optimizer, schedule
+    # Fused Adam: one kernel for all the parameters, not a loop of small operations.
+    fused = all(p.device.type in ("cpu", "cuda") for p in parameters) or None
+    optimizer = torch.optim.Adam(parameters, 1.0, (0.9, 0.98), eps, fused=fused)
+
+    def rate(step: int) -> float:  # LambdaLR counts from 0, the paper from 1
+        return noam_rate(step + 1, d_model, warmup, factor, total_steps)
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
 
 
 @dataclass
@@ -103,8 +115,9 @@ class History:
 
 
 def weight_average(model: Transformer, decay: float) -> AveragedModel:
-    """An exponential moving average of ``model``'s weights, ``avg ← decay · avg + (1 − decay) · weights``
-    after every update (PyTorch's ``AveragedModel``; its ``.module`` is a :class:`~transformer_book.model.Transformer`).
+    """An exponential moving average of ``model``'s weights,
+    ``avg ← decay · avg + (1 − decay) · weights`` after every update (PyTorch's
+    ``AveragedModel``; its ``.module`` is a :class:`~transformer_book.model.Transformer`).
 
     The paper evaluated the average of its last checkpoints; an average over the last
     ``~1 / (1 − decay)`` updates smooths out the jolts a single update can give the weights.
@@ -124,9 +137,9 @@ def train_step(
     loss_scale: float = 1.0,
     bf16: bool = False,
 ) -> tuple[Tensor, float]:
-    """One step of teacher-forced training on ``batch`` (on the model's device): forward, the
-    loss times ``loss_scale`` (torchrun's share per process), backward, the gradient norm
-    clipped to ``clip_norm`` if given, the update. Returns ``(loss detached, lr it used)``."""
+    """One teacher-forced step on ``batch`` (on the model's device): forward, the loss
+    times ``loss_scale`` (torchrun's share per process), backward, the gradient norm
+    clipped to ``clip_norm`` if given, the update. Returns ``(loss, lr it used)``."""
     model.train()
     with torch.autocast(batch.src.device.type, torch.bfloat16, enabled=bf16):
         logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
@@ -169,7 +182,9 @@ def fit(
     """
     check_positive(steps, "steps")
     device = next(model.parameters()).device
-    loss_fn = loss_fn or LabelSmoothingLoss(model.config.tgt_vocab_size, 0.1, model.config.pad_id)
+    loss_fn = loss_fn or LabelSmoothingLoss(
+        model.config.tgt_vocab_size, 0.1, model.config.pad_id
+    )
     history = History()
     averaged = weight_average(model, average) if average is not None else None
     start = time.perf_counter()
@@ -179,7 +194,15 @@ def fit(
     with progress_bar(steps, desc="training", unit="step", enabled=progress) as bar:
         for step in range(1, steps + 1):
             batch = next_batch(step).to(device)
-            loss, lr = train_step(model, batch, loss_fn, optimizer, schedule, clip_norm=clip_norm, bf16=bf16)
+            loss, lr = train_step(
+                model,
+                batch,
+                loss_fn,
+                optimizer,
+                schedule,
+                clip_norm=clip_norm,
+                bf16=bf16,
+            )
             history.step.append(step)
             history.loss.append(loss.item())
             history.lr.append(lr)
@@ -187,7 +210,11 @@ def fit(
                 averaged.update_parameters(model)
             figures.update(loss=f"{history.loss[-1]:.3f}", lr=f"{lr:.2e}")
             stop = False
-            if evaluate is not None and eval_every and (step % eval_every == 0 or step == steps):
+            if (
+                evaluate is not None
+                and eval_every
+                and (step % eval_every == 0 or step == steps)
+            ):
                 metric = evaluate(model if averaged is None else averaged.module)
                 history.eval_step.append(step)
                 history.eval_metric.append(metric)
@@ -203,7 +230,9 @@ def fit(
     return history
 
 
-def strip_sequences(ids: Tensor, eos_id: int | None, pad_id: int) -> list[tuple[int, ...]]:
+def strip_sequences(
+    ids: Tensor, eos_id: int | None, pad_id: int
+) -> list[tuple[int, ...]]:
     """Rows of ``ids (n, len)`` (BOS first) as tuples of the tokens after BOS, up to and without EOS."""
     rows = []
     for row in ids[:, 1:].tolist():
@@ -227,7 +256,9 @@ def exact_match(
     ``src (n, S)``, ``tgt (n, T)`` with BOS first (and EOS, unless ``eos_id`` is None).
     """
     if src.shape[0] != tgt.shape[0]:
-        raise ValueError(f"src {shape_of(src)} and tgt {shape_of(tgt)} must have the same number of rows")
+        raise ValueError(
+            f"src {shape_of(src)} and tgt {shape_of(tgt)} must have the same number of rows"
+        )
     model.eval()
     device = next(model.parameters()).device
     pad_id = model.config.pad_id

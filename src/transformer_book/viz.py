@@ -60,7 +60,9 @@ def matrix_frame(
     """A 2-D tensor as a long table with columns ``row``, ``col``, ``row_index``, ``col_index``, ``value``."""
     require_tensor(matrix, "matrix")
     if matrix.dim() != 2:
-        raise ValueError(f"matrix must be 2-D (rows, cols), got shape {shape_of(matrix)}")
+        raise ValueError(
+            f"matrix must be 2-D (rows, cols), got shape {shape_of(matrix)}"
+        )
     rows, cols = matrix.shape
     row_names, col_names = _labels(row_labels, rows), _labels(col_labels, cols)
     values = rounded_list(matrix.flatten(), decimals)
@@ -101,7 +103,9 @@ def heatmap(
         .encode(
             x=x,
             y=y,
-            color=alt.Color("value:Q", title=value_title, scale=alt.Scale(scheme=scheme)),
+            color=alt.Color(
+                "value:Q", title=value_title, scale=alt.Scale(scheme=scheme)
+            ),
             tooltip=[
                 alt.Tooltip("row:N", title=y_title),
                 alt.Tooltip("col:N", title=x_title),
@@ -124,7 +128,9 @@ def attention_heads_chart(
 
     One row of the heatmap is one query; its cells (the keys) sum to 1.
     """
-    return attention_layers_chart([weights], query_labels, key_labels, title, width=width, height=height)
+    return attention_layers_chart(
+        [weights], query_labels, key_labels, title, width=width, height=height
+    )
 
 
 def attention_layers_chart(
@@ -152,29 +158,50 @@ def attention_layers_chart(
     for layer_index, weights in enumerate(weights_by_layer):
         require_tensor(weights, "weights")
         if weights.dim() != 3:
-            raise ValueError(f"weights must be (heads, q_len, k_len), got shape {shape_of(weights)}")
+            raise ValueError(
+                f"weights must be (heads, q_len, k_len), got shape {shape_of(weights)}"
+            )
         rows = weights.shape[1] if query_labels is None else len(query_labels)
         cols = weights.shape[2] if key_labels is None else len(key_labels)
         for head_index in range(weights.shape[0]):
-            frame = matrix_frame(weights[head_index, :rows, :cols], query_labels, key_labels, decimals=3)
+            frame = matrix_frame(
+                weights[head_index, :rows, :cols], query_labels, key_labels, decimals=3
+            )
             frames.append(frame.assign(layer=layer_index, head=head_index))
     data = pd.concat(frames, ignore_index=True)
     heads = int(data["head"].max()) + 1
     if not (0 <= layer < len(weights_by_layer) and 0 <= head < heads):
-        raise ValueError(f"layer={layer}, head={head} out of range: {len(weights_by_layer)} layers, {heads} heads")
-    head_param = alt.param(name="head", value=head, bind=alt.binding_range(min=0, max=heads - 1, step=1, name="head "))
+        raise ValueError(
+            f"layer={layer}, head={head} out of range: {len(weights_by_layer)} layers, {heads} heads"
+        )
+    head_param = alt.param(
+        name="head",
+        value=head,
+        bind=alt.binding_range(min=0, max=heads - 1, step=1, name="head "),
+    )
     params, keep = [head_param], alt.datum.head == head_param
     if len(weights_by_layer) > 1:
         options = list(range(len(weights_by_layer)))
-        layer_param = alt.param(name="layer", value=layer, bind=alt.binding_select(options=options, name="layer "))
-        params, keep = [layer_param, head_param], (alt.datum.layer == layer_param) & keep
+        layer_param = alt.param(
+            name="layer",
+            value=layer,
+            bind=alt.binding_select(options=options, name="layer "),
+        )
+        params, keep = (
+            [layer_param, head_param],
+            (alt.datum.layer == layer_param) & keep,
+        )
     return (
         alt.Chart(data, title=title)
         .mark_rect()
         .encode(
             x=alt.X("col:N", sort=list(dict.fromkeys(data["col"])), title=x_title),
             y=alt.Y("row:N", sort=list(dict.fromkeys(data["row"])), title=y_title),
-            color=alt.Color("value:Q", title="weight", scale=alt.Scale(scheme="blues", domain=[0, 1])),
+            color=alt.Color(
+                "value:Q",
+                title="weight",
+                scale=alt.Scale(scheme="blues", domain=[0, 1]),
+            ),
             tooltip=[
                 alt.Tooltip("head:Q"),
                 alt.Tooltip("row:N", title="query"),
@@ -204,9 +231,13 @@ def mask_plot(
 
     require_tensor(mask, "mask")
     if mask.dim() != 2 or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a 2-D boolean tensor, got {mask.dtype} {shape_of(mask)}")
+        raise ValueError(
+            f"mask must be a 2-D boolean tensor, got {mask.dtype} {shape_of(mask)}"
+        )
     if ax is None:
-        _, ax = plt.subplots(figsize=(0.5 * mask.shape[1] + 1.5, 0.5 * mask.shape[0] + 1))
+        _, ax = plt.subplots(
+            figsize=(0.5 * mask.shape[1] + 1.5, 0.5 * mask.shape[0] + 1)
+        )
     sns.heatmap(
         mask.cpu().int().numpy(),
         ax=ax,
@@ -251,18 +282,30 @@ def formula_heatmap(
     if list(steps)[-1:] != ["value"]:
         raise ValueError(f"steps must end with the field 'value', got {list(steps)}")
     chart = alt.Chart(alt.sequence(0, rows * cols, as_="cell"), title=title)
-    chart = chart.transform_calculate(p=f"floor(datum.cell / {cols})", c=f"datum.cell % {cols}")
+    chart = chart.transform_calculate(
+        p=f"floor(datum.cell / {cols})", c=f"datum.cell % {cols}"
+    )
     for name, expression in steps.items():
         chart = chart.transform_calculate(**{name: expression})
     chart = chart.transform_calculate(p_end="datum.p + 1", c_end="datum.c + 1")
     return (
         chart.mark_rect()
         .encode(
-            x=alt.X("c:Q", title=x_title, scale=alt.Scale(domain=[0, cols], nice=False)),
+            x=alt.X(
+                "c:Q", title=x_title, scale=alt.Scale(domain=[0, cols], nice=False)
+            ),
             x2="c_end:Q",
-            y=alt.Y("p:Q", title=y_title, scale=alt.Scale(domain=[0, rows], nice=False, reverse=True)),
+            y=alt.Y(
+                "p:Q",
+                title=y_title,
+                scale=alt.Scale(domain=[0, rows], nice=False, reverse=True),
+            ),
             y2="p_end:Q",
-            color=alt.Color("value:Q", title="value", scale=alt.Scale(scheme="redblue", domain=list(domain))),
+            color=alt.Color(
+                "value:Q",
+                title="value",
+                scale=alt.Scale(scheme="redblue", domain=list(domain)),
+            ),
             tooltip=[
                 alt.Tooltip("p:Q", title=y_title),
                 alt.Tooltip("c:Q", title=x_title),
@@ -273,7 +316,9 @@ def formula_heatmap(
     )
 
 
-def training_curves(runs: Mapping[str, tuple[History, float]], held_out: int) -> alt.VConcatChart:
+def training_curves(
+    runs: Mapping[str, tuple[History, float]], held_out: int
+) -> alt.VConcatChart:
     """Training runs: the loss at every step above, held-out exact match below.
 
     ``runs`` maps a task's name to its :class:`~transformer_book.training.History` and
@@ -290,7 +335,9 @@ def training_curves(runs: Mapping[str, tuple[History, float]], held_out: int) ->
             for s, loss, lr in zip(history.step, history.loss, history.lr)
         ]
     )
-    floors = pd.DataFrame({"task": list(runs), "floor": [round(floor, 4) for _, floor in runs.values()]})
+    floors = pd.DataFrame(
+        {"task": list(runs), "floor": [round(floor, 4) for _, floor in runs.values()]}
+    )
     accuracy = pd.DataFrame(
         [
             {"task": name, "step": s, "exact match": metric}
@@ -301,7 +348,11 @@ def training_curves(runs: Mapping[str, tuple[History, float]], held_out: int) ->
     highlight = alt.selection_point(fields=["task"], bind="legend")
     legend = alt.Legend(orient="bottom", titleLimit=300)
     color = alt.Color("task:N", title="task (click to highlight)", legend=legend)
-    step_axis = alt.X("step:Q", title="training step", scale=alt.Scale(domain=[0, int(curves["step"].max())]))
+    step_axis = alt.X(
+        "step:Q",
+        title="training step",
+        scale=alt.Scale(domain=[0, int(curves["step"].max())]),
+    )
     fade = alt.condition(highlight, alt.value(1.0), alt.value(0.15))
     log_scale = alt.Scale(type="log", domain=[0.5, 4], nice=False, clamp=True)
     loss_lines = (
@@ -323,7 +374,9 @@ def training_curves(runs: Mapping[str, tuple[History, float]], held_out: int) ->
     )
     floor_tip = alt.Tooltip("floor:Q", title="loss floor H(q)", format=".4f")
     floor_rules = (
-        alt.Chart(floors).mark_rule(strokeDash=[5, 4]).encode(y="floor:Q", color=color, tooltip=["task:N", floor_tip])
+        alt.Chart(floors)
+        .mark_rule(strokeDash=[5, 4])
+        .encode(y="floor:Q", color=color, tooltip=["task:N", floor_tip])
     )
     accuracy_chart = (
         alt.Chart(accuracy, title=f"Exact match on the {held_out:,} held-out examples")
@@ -332,7 +385,12 @@ def training_curves(runs: Mapping[str, tuple[History, float]], held_out: int) ->
             x=step_axis,
             color=color,
             opacity=fade,
-            y=alt.Y("exact match:Q", title="exact match", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+            y=alt.Y(
+                "exact match:Q",
+                title="exact match",
+                axis=alt.Axis(format="%"),
+                scale=alt.Scale(domain=[0, 1]),
+            ),
             tooltip=["task:N", "step:Q", alt.Tooltip("exact match:Q", format=".1%")],
         )
     )

@@ -32,7 +32,9 @@ import tempfile
 from pathlib import Path
 
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
-LIBRARIES = ("-lm",)  # after the source, so that linkers that drop unused libraries keep it
+LIBRARIES = (
+    "-lm",
+)  # after the source, so that linkers that drop unused libraries keep it
 
 
 def load(source: Path, switch: str) -> tuple[ctypes.CDLL | None, str | None]:
@@ -54,7 +56,10 @@ def flags() -> tuple[str, ...]:
 
 def cache_folder() -> Path:
     """Where built libraries live: ``$TRANSFORMER_BOOK_CACHE`` or ``~/.cache/transformer_book``."""
-    return Path(os.environ.get("TRANSFORMER_BOOK_CACHE") or Path.home() / ".cache" / "transformer_book")
+    return Path(
+        os.environ.get("TRANSFORMER_BOOK_CACHE")
+        or Path.home() / ".cache" / "transformer_book"
+    )
 
 
 def compiled(source: Path) -> Path:
@@ -63,7 +68,16 @@ def compiled(source: Path) -> Path:
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler {compiler!r} on PATH")
-    key_text = repr((compiler, flags(), LIBRARIES, platform.system(), platform.machine(), _cpu_flags()))
+    key_text = repr(
+        (
+            compiler,
+            flags(),
+            LIBRARIES,
+            platform.system(),
+            platform.machine(),
+            _cpu_flags(),
+        )
+    )
     key = hashlib.sha256(source.read_bytes() + key_text.encode()).hexdigest()[:16]
     folder = cache_folder()
     try:
@@ -74,7 +88,9 @@ def compiled(source: Path) -> Path:
     target = folder / f"{source.stem}-{key}.so"
     record, failure = target.with_suffix(".json"), target.with_suffix(".failed")
     if _private_file(failure):
-        raise OSError(f"an earlier build failed (remembered in {failure}): {failure.read_text().strip()}")
+        raise OSError(
+            f"an earlier build failed (remembered in {failure}): {failure.read_text().strip()}"
+        )
     if _verified(target, record):
         return target
     _build(compiler, source, target, record, failure)
@@ -83,14 +99,18 @@ def compiled(source: Path) -> Path:
     return target
 
 
-def _build(compiler: str, source: Path, target: Path, record: Path, failure: Path) -> None:
+def _build(
+    compiler: str, source: Path, target: Path, record: Path, failure: Path
+) -> None:
     """Compile into a temporary name, record size and SHA-256, then rename (processes can race)."""
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         command = [compiler, *flags(), str(source), *LIBRARIES, "-o", str(built)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
-            lines = [line for line in result.stderr.splitlines() if "error" in line.lower()] or ["(no message)"]
+            lines = [
+                line for line in result.stderr.splitlines() if "error" in line.lower()
+            ] or ["(no message)"]
             reason = f"{compiler} failed: {lines[0].strip()}"
             _write_private(failure, reason + "\n")
             raise OSError(reason)
@@ -135,7 +155,11 @@ def _private_file(path: Path) -> bool:
     except OSError:
         return False
     mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
-    return stat.S_ISREG(info.st_mode) and mine and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return (
+        stat.S_ISREG(info.st_mode)
+        and mine
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -153,4 +177,6 @@ def _cpu_flags() -> str:
     except OSError:
         return ""
     wanted = ("flags", "Features")  # x86 names its extensions "flags", Arm "Features"
-    return "\n".join(dict.fromkeys(line for line in lines if line.startswith(wanted)))  # once, not per core
+    return "\n".join(
+        dict.fromkeys(line for line in lines if line.startswith(wanted))
+    )  # once, not per core

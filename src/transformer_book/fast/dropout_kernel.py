@@ -29,7 +29,11 @@ from ..checks import shape_of
 from . import _native
 
 SOURCE = Path(__file__).with_name("dropout_kernel.c")
-_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # as in the C file
+_GOLDEN, _MIX1, _MIX2 = (
+    0x9E3779B97F4A7C15,
+    0xBF58476D1CE4E5B9,
+    0x94D049BB133111EB,
+)  # as in the C file
 _library: ctypes.CDLL | None = None
 _unavailable: str | None = None  # why not, once tried and failed
 
@@ -56,11 +60,15 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int) -> Tenso
     65536 - round(p * 65536) of its 65536 values."""
     numel = math.prod(shape)
     words = torch.arange(1, (numel + 3) // 4 + 1, dtype=torch.int64)
-    z = words.mul_(_signed(_GOLDEN)).add_(_signed(seed))  # int64 arithmetic wraps, as uint64's does
+    z = words.mul_(_signed(_GOLDEN)).add_(
+        _signed(seed)
+    )  # int64 arithmetic wraps, as uint64's does
     z = (z ^ _shift_right(z, 30)).mul_(_signed(_MIX1))
     z = (z ^ _shift_right(z, 27)).mul_(_signed(_MIX2))
     z = z ^ _shift_right(z, 31)
-    lanes = z.view(torch.int16)[:numel].view(shape)  # lane 0 first: these CPUs are little-endian
+    lanes = z.view(torch.int16)[:numel].view(
+        shape
+    )  # lane 0 first: these CPUs are little-endian
     return lanes >= round(p * 65536) - 32768
 
 
@@ -75,7 +83,16 @@ def apply(x: Tensor, p: float, seed: int, relu: bool = False) -> Tensor:
     y = torch.empty_like(x)
     lowest, scale = round(p * 65536) - 32768, 1.0 / (1.0 - p)
     threads = torch.get_num_threads()
-    _library.dropout_apply(x.data_ptr(), y.data_ptr(), x.numel(), seed % 2**64, lowest, scale, relu, threads)
+    _library.dropout_apply(
+        x.data_ptr(),
+        y.data_ptr(),
+        x.numel(),
+        seed % 2**64,
+        lowest,
+        scale,
+        relu,
+        threads,
+    )
     return y
 
 
@@ -86,28 +103,45 @@ def relu_backward(grad: Tensor, y: Tensor, p: float) -> Tensor:
     _check(grad, "grad", p)
     _check(y, "y", p)
     if grad.shape != y.shape:
-        raise ValueError(f"grad and y must have the same shape, got grad {shape_of(grad)} and y {shape_of(y)}")
+        raise ValueError(
+            f"grad and y must have the same shape, got grad {shape_of(grad)} and y {shape_of(y)}"
+        )
     grad, y = grad.contiguous(), y.contiguous()
     if _load() is None:
         return _relu_backward_with_operators(grad, y, p)
     grad_x = torch.empty_like(grad)
     threads = torch.get_num_threads()
-    _library.relu_dropout_backward(grad.data_ptr(), y.data_ptr(), grad_x.data_ptr(), y.numel(), 1 / (1 - p), threads)
+    _library.relu_dropout_backward(
+        grad.data_ptr(),
+        y.data_ptr(),
+        grad_x.data_ptr(),
+        y.numel(),
+        1 / (1 - p),
+        threads,
+    )
     return grad_x
 
 
 def _check(x: Tensor, name: str, p: float) -> None:
     if x.dtype != torch.float32 or not x.is_cpu:
-        raise ValueError(f"{name} must be float32 on the CPU, got {x.dtype} {shape_of(x)} on {x.device}")
-    if torch.is_grad_enabled() and x.requires_grad:  # the kernel has no backward: never drop a gradient
-        raise ValueError(f"{name} {shape_of(x)} requires grad; use kernels.dropout, which carries it")
+        raise ValueError(
+            f"{name} must be float32 on the CPU, got {x.dtype} {shape_of(x)} on {x.device}"
+        )
+    if (
+        torch.is_grad_enabled() and x.requires_grad
+    ):  # the kernel has no backward: never drop a gradient
+        raise ValueError(
+            f"{name} {shape_of(x)} requires grad; use kernels.dropout, which carries it"
+        )
     if not 0.0 <= p < 1.0:
         raise ValueError(f"p must be in [0, 1), got {p!r}")
 
 
 def _apply_with_operators(x: Tensor, p: float, seed: int, relu: bool = False) -> Tensor:
     """:func:`apply` with PyTorch's operators: the fallback, and the C kernel's reference."""
-    return (x.relu() if relu else x).mul(keep_mask(x.shape, p, seed)).mul_(1.0 / (1.0 - p))
+    return (
+        (x.relu() if relu else x).mul(keep_mask(x.shape, p, seed)).mul_(1.0 / (1.0 - p))
+    )
 
 
 def _relu_backward_with_operators(grad: Tensor, y: Tensor, p: float) -> Tensor:
@@ -133,15 +167,26 @@ def _load() -> ctypes.CDLL | None:
     library, _unavailable = _native.load(SOURCE, "TRANSFORMER_BOOK_DROPOUT_KERNEL")
     if library is None:
         return None
-    library.dropout_apply.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long, ctypes.c_uint64, ctypes.c_int32]
+    library.dropout_apply.argtypes = [ctypes.c_void_p] * 2 + [
+        ctypes.c_long,
+        ctypes.c_uint64,
+        ctypes.c_int32,
+    ]
     library.dropout_apply.argtypes += [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     library.dropout_apply.restype = None
-    library.relu_dropout_backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_float, ctypes.c_int]
+    library.relu_dropout_backward.argtypes = [ctypes.c_void_p] * 3 + [
+        ctypes.c_long,
+        ctypes.c_float,
+        ctypes.c_int,
+    ]
     library.relu_dropout_backward.restype = None
     _library = library
     try:
         wrong = None if _computes_correctly() else "computes wrong masks"
-    except (RuntimeError, ValueError) as error:  # never left loaded without a passed self-test
+    except (
+        RuntimeError,
+        ValueError,
+    ) as error:  # never left loaded without a passed self-test
         wrong = f"failed its self-test: {error}"
     if wrong is not None:
         _library, _unavailable = None, f"{SOURCE.name} compiled here {wrong}"
@@ -152,11 +197,15 @@ def _computes_correctly() -> bool:
     """The C kernel's outputs against PyTorch's operators on the same bits, for a length that
     ends in a partial word, with a seed whose top bit is set: dropout, ReLU then dropout, and
     the latter's gradient."""
-    x = torch.randn(1, 4099, generator=torch.Generator().manual_seed(0), dtype=torch.float32)  # any default dtype
+    x = torch.randn(
+        1, 4099, generator=torch.Generator().manual_seed(0), dtype=torch.float32
+    )  # any default dtype
     seed = 2**64 - 12345
     y = apply(x, 0.3, seed, relu=True)
     return (
         torch.equal(apply(x, 0.3, seed), _apply_with_operators(x, 0.3, seed))
         and torch.equal(y, _apply_with_operators(x, 0.3, seed, relu=True))
-        and torch.equal(relu_backward(x, y, 0.3), _relu_backward_with_operators(x, y, 0.3))
+        and torch.equal(
+            relu_backward(x, y, 0.3), _relu_backward_with_operators(x, y, 0.3)
+        )
     )

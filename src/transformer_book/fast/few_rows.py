@@ -69,7 +69,9 @@ def pack(weight: Tensor) -> Tensor:
     return padded.view(count, _lanes, in_features).transpose(1, 2).contiguous()
 
 
-def product(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+def product(
+    x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int
+) -> Tensor:
     """``F.linear(x, weight, bias)`` with ``panels = pack(weight)``: ``x (..., in)`` → ``(..., out)``.
 
     ``x``, ``panels`` and ``bias`` (contiguous, ``(out,)``) are float32 on the CPU, and none
@@ -86,12 +88,24 @@ def product(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -
         and panels.is_contiguous()
         and 0 < out_features <= panels.shape[0] * _lanes
     ):
-        raise ValueError(f"out_features={out_features} does not fit panels {shape_of(panels)} (use pack(weight))")
+        raise ValueError(
+            f"out_features={out_features} does not fit panels {shape_of(panels)} (use pack(weight))"
+        )
     if bias is not None and not (
-        bias.shape == (out_features,) and bias.dtype == torch.float32 and bias.is_cpu and bias.is_contiguous()
+        bias.shape == (out_features,)
+        and bias.dtype == torch.float32
+        and bias.is_cpu
+        and bias.is_contiguous()
     ):
-        raise ValueError(f"bias must be contiguous float32 ({out_features},) on the CPU, got {shape_of(bias)}")
-    if x.dtype != torch.float32 or not x.is_cpu or x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(
+            f"bias must be contiguous float32 ({out_features},) on the CPU, got {shape_of(bias)}"
+        )
+    if (
+        x.dtype != torch.float32
+        or not x.is_cpu
+        or x.dim() == 0
+        or x.shape[-1] != in_features
+    ):
         raise ValueError(
             f"x must be float32 on the CPU with {in_features} features, got {x.dtype} {shape_of(x)} on {x.device}"
         )
@@ -117,7 +131,9 @@ def _refuse_gradients(**tensors: Tensor | None) -> None:
     if torch.is_grad_enabled():
         for name, t in tensors.items():
             if t is not None and t.requires_grad:
-                raise ValueError(f"{name} {shape_of(t)} requires grad; the few-row kernels have no backward")
+                raise ValueError(
+                    f"{name} {shape_of(t)} requires grad; the few-row kernels have no backward"
+                )
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -149,7 +165,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Te
         )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != torch.float32 or not t.is_cpu or t.stride(-1) != 1:
-            raise ValueError(f"{name} must be float32 on the CPU with contiguous features, got {t.dtype} {shape_of(t)}")
+            raise ValueError(
+                f"{name} must be float32 on the CPU with contiguous features, got {t.dtype} {shape_of(t)}"
+            )
     length = k.shape[2]
     _refuse_gradients(q=q, k=k, v=v)
     if mask is not None:
@@ -178,20 +196,36 @@ def _load() -> ctypes.CDLL | None:
     library, _unavailable = _native.load(SOURCE, "TRANSFORMER_BOOK_FEW_ROWS")
     if library is None:
         return None
-    library.few_rows_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    library.few_rows_linear.argtypes = (
+        [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    )
     library.few_rows_linear.restype = None
     strides = [ctypes.c_long] * 3
     library.few_rows_attention.argtypes = (
         [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # q and its strides
-        + [ctypes.c_void_p, *strides, ctypes.c_void_p, *strides, ctypes.c_void_p, *strides]  # k, v, mask
-        + [ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4]  # out, scratch for the scores, sizes
+        + [
+            ctypes.c_void_p,
+            *strides,
+            ctypes.c_void_p,
+            *strides,
+            ctypes.c_void_p,
+            *strides,
+        ]  # k, v, mask
+        + [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            *[ctypes.c_long] * 4,
+        ]  # out, scratch for the scores, sizes
         + [ctypes.c_float, ctypes.c_int]  # scale, threads
     )
     library.few_rows_attention.restype = None
     _library, _lanes = library, library.few_rows_lanes()
     try:
         wrong = None if _computes_correctly() else "computes wrong products"
-    except (RuntimeError, ValueError) as error:  # never left loaded without a passed self-test
+    except (
+        RuntimeError,
+        ValueError,
+    ) as error:  # never left loaded without a passed self-test
         wrong = f"failed its self-test: {error}"
     if wrong is not None:
         _library, _unavailable = None, f"{SOURCE.name} compiled here {wrong}"
@@ -210,11 +244,23 @@ def _computes_correctly() -> bool:
         panels = pack(weight)
         y = product(x, panels, bias, 13)
         alone = torch.cat([product(row[None], panels, bias, 13) for row in x])
-        q, k, v = (torch.randn(3, 2, length, 9, generator=generator, dtype=f32) for length in (1, 5, 5))
+        q, k, v = (
+            torch.randn(3, 2, length, 9, generator=generator, dtype=f32)
+            for length in (1, 5, 5)
+        )
         mask = torch.rand(3, 1, 1, 5, generator=generator) > 0.5
-        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).nan_to_num(0.0).transpose(1, 2)
+        expected = (
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            .nan_to_num(0.0)
+            .transpose(1, 2)
+        )
         return (
             torch.allclose(y, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
             and torch.equal(y, alone)
-            and torch.allclose(attention(q, k, v, mask), expected.reshape(3, 1, 18), rtol=1e-5, atol=1e-6)
+            and torch.allclose(
+                attention(q, k, v, mask),
+                expected.reshape(3, 1, 18),
+                rtol=1e-5,
+                atol=1e-6,
+            )
         )

@@ -50,7 +50,9 @@ from torch.autograd.function import once_differentiable
 
 from . import dropout_kernel, few_rows
 
-_ONEDNN: bool | None = None  # oneDNN's linear ops present and working here? Decided on first use.
+_ONEDNN: bool | None = (
+    None  # oneDNN's linear ops present and working here? Decided on first use.
+)
 _USE_OWN = True  # False inside pytorch_kernels()
 
 # Measured on an AMD EPYC with 8 rows: MKL was faster for a 256 × 256 weight (0.5 million
@@ -103,7 +105,8 @@ def _onednn_available() -> bool:
                 x, w = torch.arange(6.0).view(2, 3), torch.arange(12.0).view(4, 3)
                 packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
                 _ONEDNN = torch.backends.mkldnn.is_available() and all(
-                    torch.equal(_onednn_linear(x, weight, None), x @ w.T) for weight in (w, packed)
+                    torch.equal(_onednn_linear(x, weight, None), x @ w.T)
+                    for weight in (w, packed)
                 )
         except (AttributeError, RuntimeError, NotImplementedError):
             _ONEDNN = False
@@ -172,11 +175,17 @@ class _TrainingLinear(torch.autograd.Function):
         return _onednn_linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    def backward(
+        ctx, grad: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         x, weight = ctx.saved_tensors
-        grad_x = _onednn_linear(grad, weight.t(), None) if ctx.needs_input_grad[0] else None
+        grad_x = (
+            _onednn_linear(grad, weight.t(), None) if ctx.needs_input_grad[0] else None
+        )
         rows = grad.reshape(-1, grad.shape[-1])  # (positions, out)
-        grad_weight = rows.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        grad_weight = (
+            rows.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        )
         grad_bias = rows.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
 
@@ -213,7 +222,9 @@ class PackedWeight:
         self._onednn: Tensor | None = None  # oneDNN's layout
         self._panels: Tensor | None = None  # few_rows.pack's layout
 
-    def apply(self, x: Tensor, weight: Tensor, bias: Tensor | None, stamp: tuple | None = None) -> Tensor:
+    def apply(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None, stamp: tuple | None = None
+    ) -> Tensor:
         """``F.linear(x, weight, bias)``: ``x (..., in)``, ``weight (out, in)`` → ``(..., out)``.
 
         ``stamp`` identifies ``weight``'s values when ``weight`` is itself derived (the
@@ -235,10 +246,14 @@ class PackedWeight:
         the choice. A decoding plan calls this once and then the function at every step."""
         macs = rows * weight.numel()
         few = _few_rows_eligible(weight, bias, rows, macs)
-        if not few and (macs < PACKED_MIN_MACS or not _onednn_eligible(weight, weight, bias)):
+        if not few and (
+            macs < PACKED_MIN_MACS or not _onednn_eligible(weight, weight, bias)
+        ):
             return None
         stamp = weight_stamp(weight) if stamp is None else stamp
-        if stamp is None:  # an inference tensor: its changes are not tracked, so never pack it
+        if (
+            stamp is None
+        ):  # an inference tensor: its changes are not tracked, so never pack it
             return None
         if self._stamp != stamp:
             self._stamp, self._onednn, self._panels = stamp, None, None
@@ -248,7 +263,9 @@ class PackedWeight:
             panels, out_features = self._panels, weight.shape[0]
             return lambda x: few_rows.product(x, panels, bias, out_features)
         if self._onednn is None:
-            self._onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            self._onednn = torch.ops.mkldnn._reorder_linear_weight(
+                weight.detach(), None
+            )
         onednn = self._onednn
         return lambda x: _onednn_linear(x, onednn, bias)
 
@@ -262,11 +279,17 @@ class PackedWeight:
         self.__init__()
 
     def __repr__(self) -> str:
-        copies = [name for name, copy in (("oneDNN", self._onednn), ("few rows", self._panels)) if copy is not None]
+        copies = [
+            name
+            for name, copy in (("oneDNN", self._onednn), ("few rows", self._panels))
+            if copy is not None
+        ]
         return f"PackedWeight({'packed for ' + ' and '.join(copies) if copies else 'empty'})"
 
 
-def _few_rows_eligible(weight: Tensor, bias: Tensor | None, rows: int, macs: int) -> bool:
+def _few_rows_eligible(
+    weight: Tensor, bias: Tensor | None, rows: int, macs: int
+) -> bool:
     """Whether the few-row kernel computes a product of ``rows`` rows by ``weight`` in
     inference mode: at most ``few_rows.MAX_ROWS`` rows, at least ``few_rows.MIN_MACS`` multiply-adds."""
     return (

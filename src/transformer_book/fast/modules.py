@@ -35,7 +35,14 @@ from ..decoder import DecoderLayer, LayerCache
 from ..layers import FeedForward
 from ..model import Transformer
 from . import dropout_kernel, few_rows, kernels
-from .kernels import FastDropout, FastLinear, PackedWeight, applies_to, relu_dropout, weight_stamp
+from .kernels import (
+    FastDropout,
+    FastLinear,
+    PackedWeight,
+    applies_to,
+    relu_dropout,
+    weight_stamp,
+)
 
 _SWAPS: dict[type, type] = {}  # plain class → fast class, filled below
 
@@ -47,7 +54,11 @@ def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) ->
     fused kernel (the same numbers to float rounding)."""
     if not torch.is_grad_enabled() and applies_to(q, k, v) and few_rows.available():
         return few_rows.attention(q, k, v, mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(q.shape[0], 1, -1)
+    return (
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        .transpose(1, 2)
+        .reshape(q.shape[0], 1, -1)
+    )
 
 
 class FastFeedForward(FeedForward):
@@ -73,7 +84,9 @@ class FastMultiHeadAttention(MultiHeadAttention):
         super().__setstate__(state)
         self.stacked = {}
 
-    def projections(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def projections(
+        self, query: Tensor, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """The three projections; inputs that are one tensor go through one wider product (stacked
         weights, as ``nn.MultiheadAttention``'s ``in_proj_weight``): the same numbers, faster."""
         if query is key and key is value:
@@ -83,13 +96,23 @@ class FastMultiHeadAttention(MultiHeadAttention):
         return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
     def _modules_of(self, which: str) -> list[nn.Linear]:
-        return [self.q_proj, self.k_proj, self.v_proj] if which == "qkv" else [self.k_proj, self.v_proj]
+        return (
+            [self.q_proj, self.k_proj, self.v_proj]
+            if which == "qkv"
+            else [self.k_proj, self.v_proj]
+        )
 
     def _stacked(self, x: Tensor, which: str) -> tuple[Tensor, ...]:
         parts = self._modules_of(which)
-        if not torch.is_inference_mode_enabled():  # the concatenation joins the autograd graph
+        if (
+            not torch.is_inference_mode_enabled()
+        ):  # the concatenation joins the autograd graph
             weight = torch.cat([p.weight for p in parts])
-            bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+            bias = (
+                torch.cat([p.bias for p in parts])
+                if parts[0].bias is not None
+                else None
+            )
             return kernels.affine(x, weight, bias).chunk(len(parts), dim=-1)
         stamp, weight, bias, packed = self.stacked_weights(which)
         return packed.apply(x, weight, bias, stamp).chunk(len(parts), dim=-1)
@@ -102,7 +125,11 @@ class FastMultiHeadAttention(MultiHeadAttention):
         cached = self.stacked.get(which)
         if cached is None or cached[0] != stamp or stamp is None:
             weight = torch.cat([p.weight for p in parts]).detach()
-            bias = torch.cat([p.bias for p in parts]).detach() if parts[0].bias is not None else None
+            bias = (
+                torch.cat([p.bias for p in parts]).detach()
+                if parts[0].bias is not None
+                else None
+            )
             cached = self.stacked[which] = (stamp, weight, bias, PackedWeight())
         return cached
 
@@ -130,7 +157,9 @@ class FastMultiHeadAttention(MultiHeadAttention):
             heads, weights = scaled_dot_product_attention(q, k, v, mask)
             heads = kernels.dropout(weights, p) @ v if p > 0.0 else heads
             self.last_weights = weights.detach() if self.record_weights else None
-            return self.out_proj(self.merge_heads(heads)), weights if need_weights else None
+            return self.out_proj(
+                self.merge_heads(heads)
+            ), weights if need_weights else None
         if cache is not None and q.shape[2] == 1 and p == 0.0:  # a decoding step
             return self.out_proj(one_query_attention(q, k, v, mask)), None
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
@@ -142,7 +171,9 @@ class DecodingPlan:
     """One decoder layer's work in a decoding step, each product a function of its input
     bound once to the packed weight it reads, and each norm bound to its parameters."""
 
-    self_qkv: Callable[[Tensor], Tensor]  # stacked q/k/v projection: (..., d_model) → (..., 3 * d_model)
+    self_qkv: Callable[
+        [Tensor], Tensor
+    ]  # stacked q/k/v projection: (..., d_model) → (..., 3 * d_model)
     self_out: Callable[[Tensor], Tensor]
     cross_q: Callable[[Tensor], Tensor]
     cross_out: Callable[[Tensor], Tensor]
@@ -153,11 +184,23 @@ class DecodingPlan:
     @classmethod
     def of(cls, layer: DecoderLayer, rows: int) -> DecodingPlan:
         """Bind ``layer``'s products and norms for steps of ``rows`` rows (the batch)."""
-        self_attn, cross_attn, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
+        self_attn, cross_attn, ff = (
+            layer.self_attn,
+            layer.cross_attn,
+            layer.feed_forward,
+        )
         stamp, weight, bias, packed = self_attn.stacked_weights("qkv")
-        qkv = packed.kernel(weight, bias, rows, stamp) or (lambda x: F.linear(x, weight, bias))
+        qkv = packed.kernel(weight, bias, rows, stamp) or (
+            lambda x: F.linear(x, weight, bias)
+        )
         norms = tuple(
-            partial(F.layer_norm, normalized_shape=n.normalized_shape, weight=n.weight, bias=n.bias, eps=n.eps)
+            partial(
+                F.layer_norm,
+                normalized_shape=n.normalized_shape,
+                weight=n.weight,
+                bias=n.bias,
+                eps=n.eps,
+            )
             for n in (layer.norm1, layer.norm2, layer.norm3)
         )
         return cls(
@@ -170,10 +213,16 @@ class DecodingPlan:
             norms=norms,
         )
 
-    def step(self, layer: DecoderLayer, x: Tensor, src_mask: Tensor | None, cache: LayerCache) -> Tensor:
+    def step(
+        self, layer: DecoderLayer, x: Tensor, src_mask: Tensor | None, cache: LayerCache
+    ) -> Tensor:
         """What ``layer(x, memory, src_mask=src_mask, cache=cache)`` computes for one new
         position ``x (B, 1, d_model)``, in eval mode, once the cache holds the memory's keys."""
-        batch, heads, d_head = x.shape[0], layer.self_attn.num_heads, layer.self_attn.d_head
+        batch, heads, d_head = (
+            x.shape[0],
+            layer.self_attn.num_heads,
+            layer.self_attn.d_head,
+        )
 
         def split(t: Tensor) -> Tensor:  # (B, 1, d_model) → (B, heads, 1, d_head)
             return t.view(batch, heads, 1, d_head)
@@ -185,12 +234,18 @@ class DecodingPlan:
 
         def cross_attention(h: Tensor) -> Tensor:
             memory = cache.cross_attn
-            return self.cross_out(one_query_attention(split(self.cross_q(h)), memory.key, memory.value, src_mask))
+            return self.cross_out(
+                one_query_attention(
+                    split(self.cross_q(h)), memory.key, memory.value, src_mask
+                )
+            )
 
         def feed_forward(h: Tensor) -> Tensor:
             return self.ff_out(self.ff_in(h).relu())
 
-        for sublayer, norm in zip((self_attention, cross_attention, feed_forward), self.norms):
+        for sublayer, norm in zip(
+            (self_attention, cross_attention, feed_forward), self.norms
+        ):
             x = x + sublayer(norm(x)) if layer.norm_first else norm(x + sublayer(x))
         return x
 
@@ -204,7 +259,9 @@ class FastTransformer(Transformer):
     cache already holds keys and values computed with the weights of that moment, so it is
     only valid while the weights stay as they are."""
 
-    plans: weakref.WeakKeyDictionary  # LayerCache of layer 0 → (rows, [DecodingPlan per layer])
+    plans: (
+        weakref.WeakKeyDictionary
+    )  # LayerCache of layer 0 → (rows, [DecodingPlan per layer])
 
     def __getstate__(self) -> dict:
         """Copies and saved models leave the plans behind (a weak dictionary cannot be pickled,
@@ -227,26 +284,40 @@ class FastTransformer(Transformer):
         cache: list[LayerCache] | None = None,
     ) -> Tensor:
         if not self._plan_applies(tgt, tgt_mask, cache):
-            return super().decode(memory, tgt, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache)
+            return super().decode(
+                memory, tgt, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache
+            )
         past = cache[0].self_attn.length
         check_target(tgt, memory, past, self.config.tgt_vocab_size, self.config.max_len)
         rows, plans = self.plans.get(cache[0], (None, None))
         if rows != tgt.shape[0]:
-            plans = [DecodingPlan.of(layer, tgt.shape[0]) for layer in self.decoder.layers]
+            plans = [
+                DecodingPlan.of(layer, tgt.shape[0]) for layer in self.decoder.layers
+            ]
             self.plans[cache[0]] = (tgt.shape[0], plans)
         if src_mask is not None:
             src_len = cache[0].cross_attn.length
-            target = (tgt.shape[0], 1, 1, src_len) if src_mask.dim() == 4 else (tgt.shape[0], 1, src_len)
+            target = (
+                (tgt.shape[0], 1, 1, src_len)
+                if src_mask.dim() == 4
+                else (tgt.shape[0], 1, src_len)
+            )
             check_mask(src_mask, "src_mask", target, memory.device)
-            src_mask = src_mask.unsqueeze(1) if src_mask.dim() == 3 else src_mask  # the head axis
+            src_mask = (
+                src_mask.unsqueeze(1) if src_mask.dim() == 3 else src_mask
+            )  # the head axis
             if bool(src_mask.all()):
                 src_mask = None  # nothing hidden: the kernels run faster without a mask
         x = self.positional(self.tgt_embed(tgt), offset=past)
-        for layer, plan, layer_cache in zip(self.decoder.layers, plans, cache, strict=True):
+        for layer, plan, layer_cache in zip(
+            self.decoder.layers, plans, cache, strict=True
+        ):
             x = plan.step(layer, x, src_mask, layer_cache)
         return self.decoder.norm(x)
 
-    def _plan_applies(self, tgt: Tensor, tgt_mask: Tensor | None, cache: list[LayerCache] | None) -> bool:
+    def _plan_applies(
+        self, tgt: Tensor, tgt_mask: Tensor | None, cache: list[LayerCache] | None
+    ) -> bool:
         """A cached step of one position in eval and inference mode, the memory's keys already
         cached, where nothing must watch the modules' calls (hooks, record_attention, a
         dispatch mode) and every tensor suits the kernels."""
@@ -262,8 +333,14 @@ class FastTransformer(Transformer):
             and not self.training
             and torch.is_inference_mode_enabled()
             and applies_to(cache[0].cross_attn.key)
-            and not any(m.record_weights for m in self.modules() if isinstance(m, MultiHeadAttention))
-            and not any(m._forward_hooks or m._forward_pre_hooks for m in self.decoder.modules())
+            and not any(
+                m.record_weights
+                for m in self.modules()
+                if isinstance(m, MultiHeadAttention)
+            )
+            and not any(
+                m._forward_hooks or m._forward_pre_hooks for m in self.decoder.modules()
+            )
             and not kernels.global_hooks_registered()
         )
 
@@ -323,7 +400,13 @@ def status() -> dict[str, str]:
     """Each C kernel's state: ``"available"`` or the one-line reason it is off (``"not tried"``
     before first use is never returned: this tries)."""
     return {
-        "few_rows": "available" if few_rows.available() else str(few_rows.unavailable_reason()),
-        "dropout_kernel": "available" if dropout_kernel.available() else str(dropout_kernel.unavailable_reason()),
-        "onednn": "available" if kernels._onednn_available() else "this PyTorch has no working oneDNN linear ops",
+        "few_rows": "available"
+        if few_rows.available()
+        else str(few_rows.unavailable_reason()),
+        "dropout_kernel": "available"
+        if dropout_kernel.available()
+        else str(dropout_kernel.unavailable_reason()),
+        "onednn": "available"
+        if kernels._onednn_available()
+        else "this PyTorch has no working oneDNN linear ops",
     }
