@@ -33,7 +33,6 @@ def _normalise_url(url: str) -> str:
     return url[:-4] if url.endswith(".git") else url
 
 
-
 def test_toc_and_chapters_folder_agree():
     on_disk = set(chapter_notebooks_on_disk())
     in_toc = set(TOC_NOTEBOOKS)
@@ -84,7 +83,6 @@ def test_setup_cell_installs_from_the_book_repository(notebook):
     modules = {re.split(r"[<>=!~ ;\[]", requirement)[0].replace("-", "_") for requirement in extra}
     checked = set(re.findall(r'"(\w+)"', INSTALL_CELL))
     assert modules | {"transformer_book"} <= checked, f"the install cell does not check {modules - checked}"
-
 
 
 @pytest.fixture(scope="module")
