@@ -71,7 +71,7 @@ def test_bad_arguments_are_named():
 # --- every chapter: the map, a diagram, the exercises -------------------------------------------------
 
 CHAPTERS = sorted(p.relative_to(BOOK_ROOT).as_posix() for p in (BOOK_ROOT / "chapters").glob("0[0-9]_*.ipynb"))
-EXERCISE = re.compile(r"^```\{exercise\}.*?\n:label: (\S+)", re.MULTILINE | re.DOTALL)
+EXERCISE = re.compile(r"^```\{exercise(?:-start)?\}.*?\n:label: (\S+)", re.MULTILINE | re.DOTALL)
 SOLUTION = re.compile(r"^```\{solution-start\} (\S+)", re.MULTILINE)
 DIAGRAM_CALL = re.compile(r"^\s*(?:diagrams\.)?(\w+)\(", re.MULTILINE)
 
@@ -113,6 +113,22 @@ def test_chapter_ends_with_three_exercises_and_a_solution_for_each(notebook):
     # the solutions come after every exercise, so a plain notebook view does not show one under its exercise
     last_exercise = max(i for i, c in enumerate(cells) if c.cell_type == "markdown" and EXERCISE.search(c.source))
     assert last_exercise < min(starts), f"{notebook}: a solution comes before the last exercise"
+
+
+@pytest.mark.parametrize("notebook", [n for n in CHAPTERS if not n.startswith("chapters/00")])
+def test_chapter_has_a_build_it_exercise_graded_by_check(notebook):
+    """Chapters 1-9 end their exercises with a Build it: a starter the reader fills in and a call of
+    ``exercises.check`` that grades it; its executed solution calls ``check`` again and asserts it passed."""
+    cells = _cells(notebook)
+    label = f"ex-{notebook.split('/')[-1][:2]}-build-it"
+    text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+    assert label in EXERCISE.findall(text), f"{notebook}: no exercise labelled {label}"
+    code = "\n".join(c.source for c in cells if c.cell_type == "code")
+    assert re.search(r"\bcheck\(\s*\"\w+\"", code), f"{notebook}: no call of exercises.check"
+    start = next(i for i, c in enumerate(cells) if re.search(r"^```\{solution-start\} " + label, c.source, re.M))
+    end = next(i for i in range(start, len(cells)) if "{solution-end}" in cells[i].source)
+    solution = "\n".join(c.source for c in cells[start:end] if c.cell_type == "code")
+    assert "check(" in solution and "passed" in solution, f"{notebook}: the Build it solution must assert check passes"
 
 
 def test_the_introduction_lists_every_chapter():
