@@ -213,10 +213,11 @@ PROGRESS_LINE = r"\d{1,3}%\||\|[\u2588-\u258F#\s]*[\u2588-\u258F][\u2588-\u258F#
 
 
 def chapter_line_length(root: Path = BOOK_ROOT) -> int:
-    """The chapters' code width in characters (``line-length`` of chapters/ruff.toml)."""
+    """The widest line the chapters may hold, in characters: chapters/ruff.toml's
+    ``max-line-length`` (code is formatted narrower, to its ``line-length``)."""
     text = (root / "chapters" / "ruff.toml").read_text(encoding="utf-8")
-    match = re.search(r"^line-length\s*=\s*(\d+)", text, flags=re.MULTILINE)
-    assert match, "chapters/ruff.toml sets no line-length"
+    match = re.search(r"^max-line-length\s*=\s*(\d+)", text, flags=re.MULTILINE)
+    assert match, "chapters/ruff.toml sets no max-line-length"
     return int(match.group(1))
 
 
