@@ -29,6 +29,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
@@ -47,6 +48,15 @@ def load(source: Path, switch: str) -> tuple[ctypes.CDLL | None, str | None]:
         return ctypes.CDLL(str(compiled(source))), None
     except (OSError, subprocess.SubprocessError, ValueError) as error:
         return None, f"{source.name}: {error}"
+
+
+def self_test_failure(test: Callable[[], bool], wrong: str) -> str | None:
+    """``None`` when a loaded kernel's ``test()`` passes; else why not: ``wrong``, or the error
+    the test raised (a kernel is never left loaded without a passed self-test)."""
+    try:
+        return None if test() else wrong
+    except (RuntimeError, ValueError) as error:
+        return f"failed its self-test: {error}"
 
 
 def flags() -> tuple[str, ...]:

@@ -181,13 +181,7 @@ def _load() -> ctypes.CDLL | None:
     ]
     library.relu_dropout_backward.restype = None
     _library = library
-    try:
-        wrong = None if _computes_correctly() else "computes wrong masks"
-    except (
-        RuntimeError,
-        ValueError,
-    ) as error:  # never left loaded without a passed self-test
-        wrong = f"failed its self-test: {error}"
+    wrong = _native.self_test_failure(_computes_correctly, "computes wrong masks")
     if wrong is not None:
         _library, _unavailable = None, f"{SOURCE.name} compiled here {wrong}"
     return _library

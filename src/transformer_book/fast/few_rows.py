@@ -220,13 +220,7 @@ def _load() -> ctypes.CDLL | None:
     )
     library.few_rows_attention.restype = None
     _library, _lanes = library, library.few_rows_lanes()
-    try:
-        wrong = None if _computes_correctly() else "computes wrong products"
-    except (
-        RuntimeError,
-        ValueError,
-    ) as error:  # never left loaded without a passed self-test
-        wrong = f"failed its self-test: {error}"
+    wrong = _native.self_test_failure(_computes_correctly, "computes wrong products")
     if wrong is not None:
         _library, _unavailable = None, f"{SOURCE.name} compiled here {wrong}"
     return _library
