@@ -83,7 +83,7 @@ def test_accelerate_keeps_every_parameter_and_plain_restores_the_classes() -> No
     assert fast.plain(model) is model and not fast.is_accelerated(model)
     assert {name: type(module) for name, module in model.named_modules()} == classes
     for module in model.modules():
-        assert not {"packed", "stacked", "plans"} & set(vars(module)), module
+        assert not {"packed", "stacked", "plans", "step_masks"} & set(vars(module)), module
     assert all(value is before[name] for name, value in model.state_dict(keep_vars=True).items())
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -166,7 +166,7 @@ class FastMultiHeadAttention(MultiHeadAttention):
         return self.out_proj(self.merge_heads(heads)), None
 
 
-@dataclass(frozen=True)
+@dataclass
 class DecodingPlan:
     """One decoder layer's work in a decoding step, each product a function of its input
     bound once to the packed weight it reads, and each norm bound to its parameters."""
@@ -180,6 +180,8 @@ class DecodingPlan:
     ff_in: Callable[[Tensor], Tensor]
     ff_out: Callable[[Tensor], Tensor]
     norms: tuple[Callable[[Tensor], Tensor], ...]  # norm1, norm2, norm3
+    # The self-attention cache's keys and values live in these buffers, which double when full.
+    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, layer: DecoderLayer, rows: int) -> DecodingPlan:
@@ -213,6 +215,31 @@ class DecodingPlan:
             norms=norms,
         )
 
+    def append(
+        self, cache: KVCache, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``cache.update(key, value)`` for one new position ``(B, heads, 1, d_head)``, written
+        into buffers that double when full: a step copies its own position, where
+        ``torch.cat`` would copy the whole past again. ``cache.key``/``cache.value`` become
+        views of the buffers, so the plain code reads the same cache."""
+        length, buffers = cache.length, self.buffers
+        if (
+            buffers.get("view") is not cache.key
+        ):  # filled elsewhere (a first step, a reorder)
+            buffers.clear()
+        if "key" not in buffers or length + 1 > buffers["key"].shape[2]:
+            capacity = max(16, 2 * (length + 1))
+            for name, past in (("key", cache.key), ("value", cache.value)):
+                grown = past.new_empty(*past.shape[:2], capacity, past.shape[3])
+                grown.narrow(2, 0, length).copy_(past)
+                buffers[name] = grown
+        buffers["key"].narrow(2, length, 1).copy_(key)
+        buffers["value"].narrow(2, length, 1).copy_(value)
+        cache.key = buffers["key"].narrow(2, 0, length + 1)
+        cache.value = buffers["value"].narrow(2, 0, length + 1)
+        buffers["view"] = cache.key
+        return cache.key, cache.value
+
     def step(
         self, layer: DecoderLayer, x: Tensor, src_mask: Tensor | None, cache: LayerCache
     ) -> Tensor:
@@ -229,7 +256,7 @@ class DecodingPlan:
 
         def self_attention(h: Tensor) -> Tensor:
             q, k, v = self.self_qkv(h).chunk(3, dim=-1)
-            k, v = cache.self_attn.update(split(k), split(v))
+            k, v = self.append(cache.self_attn, split(k), split(v))
             return self.self_out(one_query_attention(split(q), k, v, None))
 
         def cross_attention(h: Tensor) -> Tensor:
@@ -259,20 +286,21 @@ class FastTransformer(Transformer):
     cache already holds keys and values computed with the weights of that moment, so it is
     only valid while the weights stay as they are."""
 
-    plans: (
-        weakref.WeakKeyDictionary
-    )  # LayerCache of layer 0 → (rows, [DecodingPlan per layer])
+    plans: weakref.WeakKeyDictionary  # cache[0] → (rows, [DecodingPlan per layer])
+    step_masks: weakref.WeakKeyDictionary  # cache[0] → (src_mask, as the plan uses it)
 
     def __getstate__(self) -> dict:
         """Copies and saved models leave the plans behind (a weak dictionary cannot be pickled,
         and a plan serves only the caches of this model)."""
         state = super().__getstate__()
         state.pop("plans", None)
+        state.pop("step_masks", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self.plans = weakref.WeakKeyDictionary()
+        self.step_masks = weakref.WeakKeyDictionary()
 
     def decode(
         self,
@@ -295,25 +323,35 @@ class FastTransformer(Transformer):
                 DecodingPlan.of(layer, tgt.shape[0]) for layer in self.decoder.layers
             ]
             self.plans[cache[0]] = (tgt.shape[0], plans)
-        if src_mask is not None:
-            src_len = cache[0].cross_attn.length
-            target = (
-                (tgt.shape[0], 1, 1, src_len)
-                if src_mask.dim() == 4
-                else (tgt.shape[0], 1, src_len)
-            )
-            check_mask(src_mask, "src_mask", target, memory.device)
-            src_mask = (
-                src_mask.unsqueeze(1) if src_mask.dim() == 3 else src_mask
-            )  # the head axis
-            if bool(src_mask.all()):
-                src_mask = None  # nothing hidden: the kernels run faster without a mask
+        src_mask = self._step_mask(src_mask, tgt.shape[0], cache, memory.device)
         x = self.positional(self.tgt_embed(tgt), offset=past)
         for layer, plan, layer_cache in zip(
             self.decoder.layers, plans, cache, strict=True
         ):
             x = plan.step(layer, x, src_mask, layer_cache)
         return self.decoder.norm(x)
+
+    def _step_mask(
+        self,
+        src_mask: Tensor | None,
+        rows: int,
+        cache: list[LayerCache],
+        device: torch.device,
+    ) -> Tensor | None:
+        """``src_mask`` checked and given its head axis, or ``None`` where it hides nothing (the
+        kernels run faster without a mask); worked out once per mask a cache is decoded with."""
+        if src_mask is None:
+            return None
+        remembered = self.step_masks.get(cache[0])
+        if remembered is not None and remembered[0] is src_mask:
+            return remembered[1]
+        src_len = cache[0].cross_attn.length
+        target = (rows, 1, 1, src_len) if src_mask.dim() == 4 else (rows, 1, src_len)
+        check_mask(src_mask, "src_mask", target, device)
+        with_heads = src_mask.unsqueeze(1) if src_mask.dim() == 3 else src_mask
+        step_mask = None if bool(with_heads.all()) else with_heads
+        self.step_masks[cache[0]] = (src_mask, step_mask)
+        return step_mask
 
     def _plan_applies(
         self, tgt: Tensor, tgt_mask: Tensor | None, cache: list[LayerCache] | None
@@ -377,6 +415,7 @@ def accelerate(model: nn.Module) -> nn.Module:
             module.stacked = {}
         elif fast is FastTransformer:
             module.plans = weakref.WeakKeyDictionary()
+            module.step_masks = weakref.WeakKeyDictionary()
     return model
 
 
@@ -386,7 +425,7 @@ def plain(model: nn.Module) -> nn.Module:
         original = _PLAIN.get(type(module))
         if original is not None:
             module.__class__ = original
-            for attribute in ("packed", "stacked", "plans"):
+            for attribute in ("packed", "stacked", "plans", "step_masks"):
                 module.__dict__.pop(attribute, None)
     return model
 
