@@ -20,6 +20,7 @@ handle, a hook or a dispatch mode that must see the modules' calls.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -295,6 +296,7 @@ class FastTransformer(Transformer):
         state = super().__getstate__()
         state.pop("plans", None)
         state.pop("step_masks", None)
+        state.pop("decoder_modules", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -324,7 +326,10 @@ class FastTransformer(Transformer):
             ]
             self.plans[cache[0]] = (tgt.shape[0], plans)
         src_mask = self._step_mask(src_mask, tgt.shape[0], cache, memory.device)
-        x = self.positional(self.tgt_embed(tgt), offset=past)
+        # The embedding and positions as their modules compute them in eval mode (dropout is
+        # the identity); check_target has checked the ids and the length already.
+        scale = math.sqrt(self.config.d_model)
+        x = self.tgt_embed.lookup(tgt) * scale + self.positional.pe[past : past + 1]
         for layer, plan, layer_cache in zip(
             self.decoder.layers, plans, cache, strict=True
         ):
@@ -353,6 +358,20 @@ class FastTransformer(Transformer):
         self.step_masks[cache[0]] = (src_mask, step_mask)
         return step_mask
 
+    def _watched(self) -> bool:
+        """Whether a forward hook or :func:`~transformer_book.attention.record_attention` watches a
+        module of the decoder: then every step goes through the modules. The decoder's modules
+        are listed once (walking the tree at every step cost more than a step's Python)."""
+        modules = self.__dict__.get("decoder_modules")
+        if modules is None:
+            modules = self.__dict__["decoder_modules"] = list(self.decoder.modules())
+        return any(
+            m._forward_hooks
+            or m._forward_pre_hooks
+            or (isinstance(m, MultiHeadAttention) and m.record_weights)
+            for m in modules
+        )
+
     def _plan_applies(
         self, tgt: Tensor, tgt_mask: Tensor | None, cache: list[LayerCache] | None
     ) -> bool:
@@ -371,14 +390,7 @@ class FastTransformer(Transformer):
             and not self.training
             and torch.is_inference_mode_enabled()
             and applies_to(cache[0].cross_attn.key)
-            and not any(
-                m.record_weights
-                for m in self.modules()
-                if isinstance(m, MultiHeadAttention)
-            )
-            and not any(
-                m._forward_hooks or m._forward_pre_hooks for m in self.decoder.modules()
-            )
+            and not self._watched()
             and not kernels.global_hooks_registered()
         )
 
@@ -425,7 +437,13 @@ def plain(model: nn.Module) -> nn.Module:
         original = _PLAIN.get(type(module))
         if original is not None:
             module.__class__ = original
-            for attribute in ("packed", "stacked", "plans", "step_masks"):
+            for attribute in (
+                "packed",
+                "stacked",
+                "plans",
+                "step_masks",
+                "decoder_modules",
+            ):
                 module.__dict__.pop(attribute, None)
     return model
 
