@@ -82,7 +82,7 @@ class Section:
 
     @property
     def link(self) -> str:
-        """The page and anchor, relative to a chapter's page: ``03_attention.html#why-divide-by-d-k``."""
+        """The page and anchor, relative to a chapter's page (``03_attention.html#...``)."""
         return f"{self.page}.html#{self.anchor or _anchor(self.title)}"
 
     def __str__(self) -> str:

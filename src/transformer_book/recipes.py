@@ -167,7 +167,7 @@ def train_recipe(
     recipe's target; without it, it runs to the cap (the benchmark does, to see that
     the model stays there). The data, the held-out set and the initial weights all
     derive from ``seed``. With ``accelerate`` the training runs on the speed wing
-    (:func:`transformer_book.fast.accelerate`, appendix C: the same model on faster CPU
+    (:func:`transformer_book.fast.modules.accelerate`, appendix C: the same model on faster CPU
     kernels, its dropout masks drawn another way); the model returned is plain either way.
     """
     r = recipe(name)

@@ -1,4 +1,4 @@
-/* Dropout in one pass (appendix C; transformer_book/dropout_kernel.py).
+/* Dropout in one pass (appendix C; transformer_book/fast/dropout_kernel.py).
 
    y[i] = x[i] * (keep(i) ? scale : 0), where keep(i) comes from 16 random bits per element:
    element i reads lane i % 4 of the 64-bit word i / 4, and a word is SplitMix64's output for

@@ -1,4 +1,4 @@
-/* A matrix product for the few rows of a decoding step (appendix C; transformer_book/few_rows.py).
+/* A matrix product for the few rows of a decoding step (appendix C; transformer_book/fast/few_rows.py).
 
    y (m, n) = x (m, k) @ W^T + bias, for m a few rows (a decoding step has one per sequence) and
    W (n, k) packed once into panels of LANES outputs: panels[p][j][c] = W[p * LANES + c][j], zeros

@@ -14,7 +14,7 @@ appendix C shows its figures):
   into its blocked layout. Reordering reads and writes the whole weight, so it pays only
   when the weight is then used many times unchanged: in ``torch.inference_mode``, where
   no optimiser can change it.
-  There the few-row products of a decoding step go to :mod:`~transformer_book.few_rows`,
+  There the few-row products of a decoding step go to :mod:`~transformer_book.fast.few_rows`,
   a kernel written for them, which streams the weights nearer the memory's speed (see
   :class:`PackedWeight` for the rules). In training the forward product and the input's
   gradient use oneDNN, the weight's gradient MKL, each the faster there for most of the
@@ -25,7 +25,7 @@ appendix C shows its figures):
 - **Dropout.** ``F.dropout`` draws one float per element with ``bernoulli_``, which on
   CPUs other than Intel's runs on a single thread, one 32-bit draw per element, then
   multiplies by the mask in another pass and keeps it for backward. :class:`FastDropout` and
-  :func:`dropout` use :mod:`~transformer_book.dropout_kernel`: 16 random bits per element,
+  :func:`dropout` use :mod:`~transformer_book.fast.dropout_kernel`: 16 random bits per element,
   a hash of a seed drawn from PyTorch's seeded generator and the element's position,
   computed with the product in one vectorised pass on every thread, and recomputed in
   backward instead of stored. The drop probability is ``p`` rounded to a multiple of
@@ -304,7 +304,7 @@ def _few_rows_eligible(
 class FastLinear(nn.Linear):
     """``nn.Linear`` (same parameters, same ``state_dict``) on oneDNN's kernels on a CPU, and on
     packed weights in inference mode (see :class:`PackedWeight`). ``x (..., in_features)`` →
-    ``(..., out_features)``. :func:`~transformer_book.fast.accelerate` turns a model's
+    ``(..., out_features)``. :func:`~transformer_book.fast.modules.accelerate` turns a model's
     ``nn.Linear`` modules into these."""
 
     packed: PackedWeight
