@@ -2,11 +2,13 @@
 
 One process::
 
-    transformer-book-train --task copy --out copy.pt      # or: python -m transformer_book.cli ...
+    transformer-book-train --task copy --out copy.pt
+    python -m transformer_book.cli --task copy --out copy.pt   # the same
 
 Several processes (one per GPU, or several CPU processes talking over gloo)::
 
-    torchrun --standalone --nproc_per_node=4 -m transformer_book.cli --task dates --out dates.pt
+    torchrun --standalone --nproc_per_node=4 \\
+        -m transformer_book.cli --task dates --out dates.pt
 
 Every option left out takes its value from the task's recipe
 (``transformer_book.RECIPES``), the one the book's chapters train with;
