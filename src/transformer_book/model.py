@@ -162,13 +162,11 @@ class Transformer(nn.Module):
         check_target(tgt, memory, past, c.tgt_vocab_size, c.max_len, src_mask, tgt_mask)
         new = tgt.shape[1]
         if tgt_mask is None and cache is None:
-            tgt_mask = target_mask(tgt, self.config.pad_id)
-        elif (
-            tgt_mask is None and new > 1
-        ):  # every cached position, and the new ones' own past
-            tgt_mask = torch.ones(
-                new, past + new, dtype=torch.bool, device=tgt.device
-            ).tril(past)[None]
+            tgt_mask = target_mask(tgt, c.pad_id)
+        elif tgt_mask is None and new > 1:
+            # New positions see every cached one and, among themselves, only the past.
+            ones = torch.ones(new, past + new, dtype=torch.bool, device=tgt.device)
+            tgt_mask = ones.tril(past)[None]
         x = self.positional(self.tgt_embed(tgt), offset=past)
         return self.decoder(
             x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache
