@@ -35,6 +35,7 @@ PACKAGE = {
     "causal_mask": tb.causal_mask,
     "sublayer_connection": tb.sublayer_connection,
     "EncoderLayer": tb.EncoderLayer,
+    "DecoderLayer": tb.DecoderLayer,
     "LabelSmoothingLoss": tb.LabelSmoothingLoss,
     "noam_rate": tb.noam_rate,
     "greedy_decode": tb.greedy_decode,
@@ -535,6 +536,96 @@ class LayerNormalisedResidual(Layer):
 
 
 # --------------------------------------------------------------------------------------------
+# Chapter 7: the decoder layer (the reader's takes no cache)
+# --------------------------------------------------------------------------------------------
+
+
+class Decoder(nn.Module):
+    """A reader's decoder layer, written out without sublayer_connection: three residual blocks."""
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, norm_first=False):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = tb.MultiHeadAttention(d_model, num_heads, dropout)
+        self.cross_attn = tb.MultiHeadAttention(d_model, num_heads, dropout)
+        self.feed_forward = tb.FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
+
+    def looking_back(self, h, src_mask, tgt_mask):
+        return self.self_attn(h, h, h, tgt_mask)[0]
+
+    def reading_source(self, h, memory, src_mask, tgt_mask):
+        return self.cross_attn(h, memory, memory, src_mask)[0]
+
+    def blocks(self, memory, src_mask, tgt_mask):
+        return [
+            (lambda h: self.looking_back(h, src_mask, tgt_mask), self.norm1),
+            (lambda h: self.reading_source(h, memory, src_mask, tgt_mask), self.norm2),
+            (self.feed_forward, self.norm3),
+        ]
+
+    def forward(self, x, memory, *, src_mask=None, tgt_mask=None):
+        for block, norm in self.blocks(memory, src_mask, tgt_mask):
+            x = x + block(norm(x)) if self.norm_first else norm(x + block(x))
+        return x
+
+
+class DecoderPrePostSwapped(Decoder):
+    def forward(self, x, memory, *, src_mask=None, tgt_mask=None):
+        for block, norm in self.blocks(memory, src_mask, tgt_mask):
+            x = norm(x + block(x)) if self.norm_first else x + block(norm(x))
+        return x
+
+
+class DecoderWithoutResiduals(Decoder):
+    def forward(self, x, memory, *, src_mask=None, tgt_mask=None):
+        for block, norm in self.blocks(memory, src_mask, tgt_mask):
+            x = block(norm(x)) if self.norm_first else norm(block(x))
+        return x
+
+
+class DecoderNormsRotated(Decoder):
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, norm_first=False):
+        super().__init__(d_model, num_heads, d_ff, dropout, norm_first)
+        self.order = ("norm3", "norm1", "norm2")
+
+    def blocks(self, memory, src_mask, tgt_mask):
+        sublayers = [block for block, _ in super().blocks(memory, src_mask, tgt_mask)]
+        return list(zip(sublayers, (getattr(self, name) for name in self.order)))
+
+
+class DecoderCausalMaskIgnored(Decoder):
+    def looking_back(self, h, src_mask, tgt_mask):
+        return self.self_attn(h, h, h)[0]
+
+
+class DecoderMasksSwapped(Decoder):
+    def looking_back(self, h, src_mask, tgt_mask):
+        return self.self_attn(h, h, h, src_mask)[0]
+
+    def reading_source(self, h, memory, src_mask, tgt_mask):
+        return self.cross_attn(h, memory, memory, tgt_mask)[0]
+
+
+class DecoderReadsItself(Decoder):
+    def reading_source(self, h, memory, src_mask, tgt_mask):
+        return self.cross_attn(h, h, h, src_mask)[0]
+
+
+class DecoderSourceFirst(Decoder):
+    def blocks(self, memory, src_mask, tgt_mask):
+        own, source, ffn = super().blocks(memory, src_mask, tgt_mask)
+        return [source, own, ffn]
+
+
+class DecoderMemoryNormalised(Decoder):
+    def reading_source(self, h, memory, src_mask, tgt_mask):
+        if self.norm_first:
+            memory = self.norm2(memory)
+        return self.cross_attn(h, memory, memory, src_mask)[0]
+
+
+# --------------------------------------------------------------------------------------------
 # Chapter 8: label smoothing and the learning rate
 # --------------------------------------------------------------------------------------------
 
@@ -861,6 +952,14 @@ BROKEN = [
     ("EncoderLayer", "mask_ignored", LayerMaskIgnored),
     ("EncoderLayer", "feed_forward_first", LayerFeedForwardFirst),
     ("EncoderLayer", "normalised_residual", LayerNormalisedResidual),
+    ("DecoderLayer", "pre_post_swapped", DecoderPrePostSwapped),
+    ("DecoderLayer", "missing_residual", DecoderWithoutResiduals),
+    ("DecoderLayer", "norms_swapped", DecoderNormsRotated),
+    ("DecoderLayer", "causal_mask_ignored", DecoderCausalMaskIgnored),
+    ("DecoderLayer", "masks_swapped", DecoderMasksSwapped),
+    ("DecoderLayer", "cross_attention_on_itself", DecoderReadsItself),
+    ("DecoderLayer", "sublayers_reordered", DecoderSourceFirst),
+    ("DecoderLayer", "memory_normalised", DecoderMemoryNormalised),
     ("LabelSmoothingLoss", "mass_on_padding", SmoothingPadColumnKept),
     ("LabelSmoothingLoss", "wrong_share", SmoothingOverVMinusOne),
     ("LabelSmoothingLoss", "pytorch_label_smoothing", SmoothingLikePyTorch),
@@ -1008,6 +1107,7 @@ CORRECT = [
     ("MultiHeadAttention", Heads),
     ("MultiHeadAttention", HeadsEinsum),
     ("EncoderLayer", Layer),
+    ("DecoderLayer", Decoder),
     ("LabelSmoothingLoss", SmoothingByEntropy),
     ("LabelSmoothingLoss", Smoothing),
     ("noam_rate", rate_piecewise),
