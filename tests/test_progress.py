@@ -18,7 +18,6 @@ from transformer_book.progress import (
     format_seconds,
     format_value,
     in_notebook_kernel,
-    progress_bar,
 )
 
 # The page check's pattern for one drawing of a bar (tests/book_helpers.py), in Python's syntax.
@@ -123,7 +122,7 @@ def test_html_is_escaped():
 
 def test_terminal_bar_is_tqdm_on_the_given_file():
     out = io.StringIO()
-    with progress_bar(100, desc="training", unit="step", mode="terminal", file=out, interval=0) as bar:
+    with ProgressBar(100, desc="training", unit="step", mode="terminal", file=out, interval=0) as bar:
         for _ in range(100):
             bar.update(1)
             bar.set_postfix(loss=0.25)
@@ -134,14 +133,14 @@ def test_terminal_bar_is_tqdm_on_the_given_file():
 
 def test_terminal_bar_resumes_from_initial():
     out = io.StringIO()
-    bar = progress_bar(100, desc="dates", unit="step", initial=40, mode="terminal", file=out, interval=0)
+    bar = ProgressBar(100, desc="dates", unit="step", initial=40, mode="terminal", file=out, interval=0)
     bar.update(60)
     bar.close()
     assert "100/100" in out.getvalue() and bar.n == 100
 
 
 def test_write_goes_around_the_bar(capsys):
-    bar = progress_bar(10, mode="terminal", file=io.StringIO())
+    bar = ProgressBar(10, mode="terminal", file=io.StringIO())
     bar.write('{"step": 5}')
     bar.close()
     nb, shown = notebook_bar(10, interval=3600)
@@ -153,7 +152,7 @@ def test_write_goes_around_the_bar(capsys):
 def test_disabled_bar_shows_nothing(capsys):
     out = io.StringIO()
     for mode in ("terminal", "notebook", "auto"):
-        with progress_bar(10, enabled=False, mode=mode, file=out) as bar:
+        with ProgressBar(10, enabled=False, mode=mode, file=out) as bar:
             bar.update(10)
             bar.set_postfix(loss=1.0)
     assert out.getvalue() == "" and capsys.readouterr() == ("", "")
@@ -161,24 +160,24 @@ def test_disabled_bar_shows_nothing(capsys):
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="total"):
-        progress_bar(-1)
+        ProgressBar(-1)
     with pytest.raises(ValueError, match="mode"):
-        progress_bar(10, mode="browser")
+        ProgressBar(10, mode="browser")
 
 
 def test_outside_a_kernel_the_bar_is_tqdm():
     assert not in_notebook_kernel()
-    bar = progress_bar(3, file=io.StringIO())
+    bar = ProgressBar(3, file=io.StringIO())
     assert not bar.notebook
     bar.close()
 
 
 LOOP_CELL = """\
 import time
-from transformer_book.progress import progress_bar, in_notebook_kernel
+from transformer_book.progress import ProgressBar, in_notebook_kernel
 
 assert in_notebook_kernel()
-with progress_bar(200, desc="training", unit="step", interval=0.0) as bar:
+with ProgressBar(200, desc="training", unit="step", interval=0.0) as bar:
     for step in range(200):
         time.sleep(0.001)
         bar.update(1)

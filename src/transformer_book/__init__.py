@@ -19,7 +19,6 @@ The model is plain PyTorch. The speed wing, ``transformer_book.fast`` (appendix 
 imported only on request: ``from transformer_book import fast; fast.accelerate(model)``.
 """
 
-from . import exercises
 from .attention import (
     KVCache,
     MultiHeadAttention,
@@ -155,3 +154,13 @@ __all__ = [
     "require_tensor",
     "shape_of",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``transformer_book.exercises`` is imported on first use: the checker's catalogue is large,
+    and a reader who only runs the model never needs it."""
+    if name == "exercises":
+        import importlib
+
+        return importlib.import_module(".exercises", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,7 @@ def scaled_dot_product_attention(
     """
     check_attention(query, key, value, mask, dropout_p)
     d_k = query.shape[-1]
-    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., q_len, k_len)
+    scores = query @ key.transpose(-1, -2) / math.sqrt(d_k)  # (..., q_len, k_len)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)

@@ -65,7 +65,7 @@ from tqdm import (
 
 from .data import Batch
 from .model import ModelConfig, Transformer, make_model
-from .progress import progress_bar
+from .progress import ProgressBar
 from .recipes import RECIPES, Recipe, Task, held_out_accuracy
 from .runtime import get_device
 from .training import LabelSmoothingLoss, noam_optimizer, train_step, weight_average
@@ -571,7 +571,7 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
     record: dict[str, Any] = {}
     loss_sum, loss_steps = torch.zeros((), device=rt.device), 0
     started = time.perf_counter()
-    bar = progress_bar(
+    bar = ProgressBar(
         args.steps,
         desc=f"{args.task} ×{rt.world_size}",
         unit="step",

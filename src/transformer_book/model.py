@@ -180,7 +180,7 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None = None,
     ) -> Tensor:
         """Logits ``(batch, tgt_len, tgt_vocab_size)``; their softmax: the probabilities."""
-        check_tokens(src, "src", self.config.src_vocab_size, self.config.max_len)
+        check_tokens(src, "src")  # its shape; encode() checks the ids
         if src_mask is None:  # derived once, used by both encoder and decoder
             src_mask = padding_mask(src, self.config.pad_id)
         memory = self.encode(src, src_mask)

@@ -10,7 +10,7 @@
 
 Example::
 
-    with progress_bar(steps, desc="training", unit="step") as bar:
+    with ProgressBar(steps, desc="training", unit="step") as bar:
         for step in range(1, steps + 1):
             loss = ...
             bar.update(1)
@@ -29,7 +29,7 @@ from tqdm import (
     tqdm,
 )  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
-__all__ = ["ProgressBar", "in_notebook_kernel", "progress_bar"]
+__all__ = ["ProgressBar", "in_notebook_kernel"]
 
 Mode = Literal["auto", "notebook", "terminal"]
 
@@ -74,7 +74,12 @@ def format_seconds(seconds: float) -> str:
 
 
 class ProgressBar:
-    """A progress bar over ``total`` units (``None``: unknown). Make it with :func:`progress_bar`.
+    """A progress bar over ``total`` units (``None``: unknown), starting at ``initial``.
+
+    ``mode="auto"`` picks the notebook output inside a Jupyter kernel and tqdm (on ``file``,
+    default stderr) elsewhere; ``"notebook"`` and ``"terminal"`` force one. ``interval`` is the
+    least time between redraws (default 0.5 s in a notebook, 0.1 s in a terminal). With
+    ``enabled=False`` it shows nothing (for example on every rank but the first).
 
     ``update(n)`` advances it, ``set_postfix(name=value, ...)`` sets the figures shown after
     the bar (a string is shown as given, a float to 3 significant digits), ``write(text)``
@@ -256,33 +261,3 @@ def _ipython_display(bundle: dict[str, str], **kwargs: Any) -> Any:
     from IPython.display import display
 
     return display(bundle, **kwargs)
-
-
-def progress_bar(
-    total: int | None,
-    desc: str = "",
-    unit: str = "it",
-    *,
-    enabled: bool = True,
-    initial: int = 0,
-    mode: Mode = "auto",
-    file: TextIO | None = None,
-    interval: float | None = None,
-) -> ProgressBar:
-    """A :class:`ProgressBar` over ``total`` units (``None``: unknown), starting at ``initial``.
-
-    ``mode="auto"`` picks the notebook output inside a Jupyter kernel and tqdm (on ``file``,
-    default stderr) elsewhere; ``"notebook"`` and ``"terminal"`` force one. ``interval`` is the
-    least time between redraws (default 0.5 s in a notebook, 0.1 s in a terminal). With
-    ``enabled=False`` it shows nothing (for example on every rank but the first).
-    """
-    return ProgressBar(
-        total,
-        desc,
-        unit,
-        enabled=enabled,
-        initial=initial,
-        mode=mode,
-        file=file,
-        interval=interval,
-    )

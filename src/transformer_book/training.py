@@ -21,7 +21,7 @@ from .checks import (
 from .data import Batch
 from .inference import greedy_decode
 from .model import Transformer
-from .progress import progress_bar
+from .progress import ProgressBar
 
 
 class LabelSmoothingLoss(nn.Module):
@@ -191,7 +191,7 @@ def fit(
     # A terminal gets tqdm's bar on stderr; a notebook one output redrawn in place, which ends
     # as a one-line summary (the built page shows that line, not every redraw).
     figures: dict[str, str] = {}
-    with progress_bar(steps, desc="training", unit="step", enabled=progress) as bar:
+    with ProgressBar(steps, desc="training", unit="step", enabled=progress) as bar:
         for step in range(1, steps + 1):
             batch = next_batch(step).to(device)
             loss, lr = train_step(
