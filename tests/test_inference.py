@@ -1,11 +1,9 @@
-"""Decoding: the KV cache changes nothing but the speed; beam search ranks by GNMT's length
-penalty with |y| counted right and is exact when the beam is wide; the accelerated model
-(``fast.accelerate``) decodes the very tokens of the plain one, its decoding plan bit for bit
-what its modules compute, and steps aside wherever something must watch the modules."""
+"""Decoding: the static KV cache changes nothing but the speed, and its steps never make the
+host wait for the device; beam search ranks by GNMT's length penalty with |y| counted right and
+is exact when the beam is wide."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import math
@@ -14,12 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import transformer_book as tb
-from transformer_book import fast
-from transformer_book.fast import few_rows, kernels
-from transformer_book.fast.modules import DecodingPlan
 
 BOS, EOS = 1, 2
 
@@ -55,10 +50,6 @@ def make(width: str, vocab: int = 12, **sizes) -> tb.Transformer:
     return model
 
 
-def uses_the_few_row_kernel(model: tb.Transformer) -> bool:
-    return "few rows" in repr(model.decoder.layers[0].feed_forward.linear1.packed)
-
-
 def smallest_margin(model: tb.Transformer, src: torch.Tensor, ys: torch.Tensor) -> float:
     """The smallest gap between the best and the second-best logit over greedy's choices of
     ``ys``: kernels that round differently can change a token only where this is about their
@@ -67,20 +58,6 @@ def smallest_margin(model: tb.Transformer, src: torch.Tensor, ys: torch.Tensor) 
         top2 = model(src, ys[:, :-1]).topk(2, dim=-1).values
     chosen = ys[:, 1:] != model.config.pad_id
     return float((top2[..., 0] - top2[..., 1])[chosen].min())
-
-
-@pytest.fixture
-def plan_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the decoding steps that run a DecodingPlan (one entry per layer and step)."""
-    calls: list[int] = []
-    step = DecodingPlan.step
-
-    def counted(self, layer, x, src_mask, cache):
-        calls.append(x.shape[0])
-        return step(self, layer, x, src_mask, cache)
-
-    monkeypatch.setattr(DecodingPlan, "step", counted)
-    return calls
 
 
 # --- the plain model's KV cache ---------------------------------------------------------------
@@ -94,7 +71,6 @@ def test_kv_cache_gives_exactly_the_same_tokens(width):
     recomputed = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=False)
     assert torch.equal(cached, recomputed)
     assert cached.shape[1] > 5  # long enough for the cache to matter
-    assert not fast.is_accelerated(model)
 
 
 def test_greedy_rows_start_with_bos_and_stop_at_their_own_eos(model):
@@ -122,10 +98,7 @@ def test_greedy_matches_a_hand_written_argmax_loop(model):
     assert torch.equal(tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=EOS), ys)
 
 
-@pytest.mark.parametrize("accelerated", [False, True])
-def test_beam_of_one_equals_greedy(model, accelerated):
-    if accelerated:
-        model = fast.accelerate(model)
+def test_beam_of_one_equals_greedy(model):
     src = source_batch()
     greedy = tb.greedy_decode(model, src, max_len=30, bos_id=BOS, eos_id=EOS)
     beam = tb.beam_search(model, src, max_len=30, bos_id=BOS, eos_id=EOS, beam_size=1)
@@ -139,10 +112,7 @@ def test_beam_search_returns_valid_sequences(model):
     assert (out != 0).any(dim=0)[-1]  # no all-padding column left at the end
 
 
-@pytest.mark.parametrize("accelerated", [False, True])
-def test_record_attention_sees_every_step_of_greedy_decoding(model, accelerated):
-    if accelerated:
-        model = fast.accelerate(model)
+def test_record_attention_sees_every_step_of_greedy_decoding(model):
     src = source_batch()[:1]
     with tb.record_attention(model) as maps:
         out = tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=None)
@@ -150,11 +120,8 @@ def test_record_attention_sees_every_step_of_greedy_decoding(model, accelerated)
     assert maps["decoder.layers.1.self_attn"].shape == (1, 4, 1, 11)  # the last step saw all 11 positions
 
 
-@pytest.mark.parametrize("accelerated", [False, True])
-def test_a_forward_hook_in_the_decoder_sees_every_step(model, accelerated):
-    """Chapter 9 counts decoder positions with a hook: the wing's decoding plan must not hide them."""
-    if accelerated:
-        model = fast.accelerate(model)
+def test_a_forward_hook_in_the_decoder_sees_every_step(model):
+    """Chapter 9 counts decoder positions with a hook: every step runs the modules."""
     fed = []
     hook = model.decoder.layers[1].feed_forward.register_forward_hook(lambda m, i, out: fed.append(out.shape[1]))
     try:
@@ -164,99 +131,94 @@ def test_a_forward_hook_in_the_decoder_sees_every_step(model, accelerated):
     assert fed == [1] * 9
 
 
-# --- the accelerated model decodes the plain model's tokens -----------------------------------
+# --- the static cache: fixed shapes, no host waits -------------------------------------------
 
 
-@pytest.mark.parametrize("width", ["small", "wider"])
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_the_accelerated_model_decodes_the_same_tokens(width, norm_first, plan_steps):
-    """Greedy decoding and beam search, with padding in the source: the accelerated copy's tokens
-    are the plain model's, and its cached steps after the first run the decoding plan (on the
-    few-row kernel for the wider model, where it is available)."""
-    plain = make(width, num_layers=2, norm_first=norm_first)
-    accelerated = fast.accelerate(copy.deepcopy(plain))
+class DeviceReads(TorchDispatchMode):
+    """Counts the operations that hand a tensor's value to the host (``.item()``, ``bool(t)``,
+    ``nonzero``): on a GPU each makes the host wait until the device has caught up."""
+
+    READS = {"_local_scalar_dense", "is_nonzero", "nonzero", "item", "equal"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.READS:
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_cached_decoding_step_reads_nothing_back_and_keeps_its_shapes(model):
+    """Each step of the cached loop (decode one token, the generator, argmax) asks the device for
+    no value, and every tensor it makes has the same shape at every step: what CUDA graphs need."""
     src = source_batch()
-    greedy = tb.greedy_decode(plain, src, max_len=30, bos_id=BOS, eos_id=EOS)
-    assert smallest_margin(plain, src, greedy) > 1e-3, "an example decided by rounding would prove nothing"
-    assert torch.equal(tb.greedy_decode(accelerated, src, max_len=30, bos_id=BOS, eos_id=EOS), greedy)
-    steps = greedy.shape[1] - 2  # the first step fills the cache through the modules
-    assert plan_steps == [6] * 2 * steps
-    assert uses_the_few_row_kernel(accelerated) == (width == "wider" and few_rows.available())
-    beam = tb.beam_search(plain, src, max_len=20, bos_id=BOS, eos_id=EOS, beam_size=2)
-    assert torch.equal(tb.beam_search(accelerated, src, max_len=20, bos_id=BOS, eos_id=EOS, beam_size=2), beam)
-    assert plan_steps[2 * steps :] and set(plan_steps[2 * steps :]) == {12}  # 6 sources x 2 beams
-
-
-@pytest.mark.parametrize("width", ["small", "wider"])
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_the_plan_is_the_module_path_bit_for_bit(width, norm_first, plan_steps):
-    """The decoding plan (bound kernels) and the module path (a forward hook on a decoder module
-    sends each step there) give the very same hidden states and caches, for both layer orders,
-    with padding in the source, over 20 steps, with MKL's products alone (small) or the few-row
-    kernel's among them (wider)."""
-    model = fast.accelerate(make(width, vocab=30, num_layers=3, norm_first=norm_first))
-    src = source_batch()
-    mask = tb.padding_mask(src, model.config.pad_id)
-    hooked = []
     with torch.inference_mode():
-        memory = model.encode(src, mask)
-        module_cache, plan_cache = model.decoder.new_cache(), model.decoder.new_cache()
+        memory = model.encode(src)
+        cache = model.decoder.new_cache(memory, capacity=12)
         token = torch.full((src.shape[0], 1), BOS)
-        for _ in range(20):
-            hidden = model.decode(memory, token, src_mask=mask, cache=plan_cache)
-            handle = model.decoder.layers[2].feed_forward.register_forward_hook(lambda *_: hooked.append(1))
-            try:
-                expected = model.decode(memory, token, src_mask=mask, cache=module_cache)
-            finally:
-                handle.remove()
-            assert torch.equal(hidden, expected)
-            token = model.generator(hidden[:, -1]).argmax(-1, keepdim=True)
-    assert len(plan_steps) == 3 * 19 and len(hooked) == 20  # the plan from the second step; the hook at each
-    assert uses_the_few_row_kernel(model) == (width == "wider" and few_rows.available())
-    for ours, theirs in zip(plan_cache, module_cache, strict=True):
-        assert torch.equal(ours.self_attn.key, theirs.self_attn.key)
-        assert torch.equal(ours.self_attn.value, theirs.self_attn.value)
+        shapes = []
+        for _ in range(12):
+            with DeviceReads() as counter, tb.trusted_ids():
+                hidden = model.decode(memory, token, src_mask=tb.padding_mask(src), cache=cache)
+                token = model.generator(hidden[:, -1]).argmax(-1, keepdim=True)
+            assert counter.reads == [], counter.reads
+            shapes.append((tuple(hidden.shape), tuple(cache.layers[0].self_attn.key.shape)))
+        assert int(cache.position) == 12
+    assert len(set(shapes)) == 1
 
 
-def test_the_plan_steps_aside_where_the_modules_must_run(model, plan_steps):
-    """No plan with record_attention, a forward hook (on a decoder module, or on every module),
-    in training mode, outside inference mode, in a dispatch mode or on PyTorch's kernels; the
-    plan runs again once none of these holds."""
-    model = fast.accelerate(model)
+def test_outside_trusted_ids_a_step_still_checks_its_token(model):
+    """A reader who drives the cache by hand gets the ValueError for a bad id, not an IndexError."""
     src = source_batch()
-    token = torch.full((src.shape[0], 1), BOS)
+    with torch.inference_mode():
+        memory = model.encode(src)
+        cache = model.decoder.new_cache(memory, capacity=4)
+        with pytest.raises(ValueError, match=r"tgt holds ids in \[1, 99\]"):
+            model.decode(memory, torch.full((src.shape[0], 1), 99).index_fill(0, torch.tensor([0]), 1), cache=cache)
+        with pytest.raises(ValueError, match="capacity 4"):
+            model.decode(memory, torch.ones(src.shape[0], 5, dtype=torch.long), cache=cache)
 
-    def steps(count: int = 3, mode=torch.inference_mode) -> None:
-        with mode():
-            memory, cache = model.encode(src), model.decoder.new_cache()
-            for _ in range(count):
-                model.decode(memory, token, src_mask=tb.padding_mask(src), cache=cache)
 
-    with tb.record_attention(model) as maps:
-        steps()
-    assert not plan_steps and maps["decoder.layers.0.cross_attn"].shape[-2:] == (1, src.shape[1])
-    handle = model.decoder.layers[0].cross_attn.register_forward_pre_hook(lambda *_: None)
-    steps()
-    handle.remove()
-    handle = nn.modules.module.register_module_forward_hook(lambda *_: None)
-    steps()
-    handle.remove()
-    model.train()
-    steps()
-    model.eval()
-    steps(mode=torch.no_grad)
-    with FlopCounterMode(display=False):
-        steps()
-    with kernels.pytorch_kernels():
-        steps()
-    assert not plan_steps
-    steps()
-    assert len(plan_steps) == 2 * 2  # two layers, the second and third steps
-    with pytest.raises(ValueError, match="tgt"):  # bad input still gets the module path's message
-        with torch.inference_mode():
-            memory, cache = model.encode(src), model.decoder.new_cache()
-            model.decode(memory, token, cache=cache)
-            model.decode(memory, torch.full((src.shape[0], 1), 99), cache=cache)
+@pytest.mark.parametrize("decoder", ["greedy", "beam"])
+def test_the_loops_read_the_device_once_every_few_steps(model, decoder):
+    """Whole loops: the ids of ``src`` are read once (two values), "has every row finished?" at
+    most once every ``CHECK_EVERY`` steps, and the result's length once."""
+    src = source_batch()
+    call = tb.greedy_decode if decoder == "greedy" else lambda *a: tb.beam_search(*a, beam_size=3)
+    with DeviceReads() as counter:
+        out = call(model, src, 40, BOS, None)
+    steps = 39
+    assert out.shape[1] == 40
+    assert len(counter.reads) <= 2 + steps // tb.inference.CHECK_EVERY + 2, counter.reads
+
+
+def test_the_cache_mask_hides_the_slots_not_written_yet(model):
+    src = source_batch()
+    with torch.inference_mode():
+        cache = model.decoder.new_cache(model.encode(src), capacity=5)
+        cache.position += 2
+        assert cache.causal_mask(2).tolist() == [[[True, True, True, False, False], [True, True, True, True, False]]]
+
+
+def test_decoding_compiles_whole_with_a_step_of_fixed_shapes(model):
+    """The model traced whole (``fullgraph=True``) through a cached decoding step: one graph,
+    every step, and the very tokens of eager decoding. ``aot_eager`` checks the capture (Inductor's
+    code generation is timed by benchmarks/bench_decoding.py)."""
+    torch._dynamo.reset()
+    src = source_batch()
+    expected = tb.greedy_decode(model, src, max_len=16, bos_id=BOS, eos_id=None)
+    decode = torch.compile(model.decode, fullgraph=True, backend="aot_eager")
+    with torch.inference_mode():
+        memory = model.encode(src)
+        cache = model.decoder.new_cache(memory, capacity=15)
+        ys = torch.full((src.shape[0], 1), BOS)
+        for _ in range(15):
+            hidden = decode(memory, ys[:, -1:], src_mask=tb.padding_mask(src), cache=cache)
+            ys = torch.cat([ys, model.generator(hidden[:, -1]).argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(ys, expected)
 
 
 # --- beam search: the length penalty counts |y|, and a wide beam is exhaustive -----------------
@@ -265,23 +227,30 @@ def test_the_plan_steps_aside_where_the_modules_must_run(model, plan_steps):
 class TableModel(nn.Module):
     """What ``tb.beam_search`` needs of a model, with next-token log-probabilities that depend
     only on the prefix: ``next_log_probs(prefix)`` for the tokens after BOS so far. The prefixes
-    travel in the self-attention cache (as keys of width 1), which beam search reorders with
-    its hypotheses; ``decode`` returns the log-probabilities and the generator passes them on."""
+    travel in a real decoder cache (as keys of width 1), which beam search reorders with its
+    hypotheses; ``decode`` returns the log-probabilities and the generator passes them on."""
 
     def __init__(self, vocab: int, next_log_probs) -> None:
         super().__init__()
         self.config = tb.ModelConfig(vocab, vocab, d_model=2, num_heads=1, d_ff=2, num_layers=1, max_len=16)
         self.next_log_probs = next_log_probs
-        self.decoder = SimpleNamespace(new_cache=lambda: [tb.LayerCache()])
+        self.decoder = SimpleNamespace(new_cache=self.new_cache)
         self.generator = nn.Identity()
+
+    @staticmethod
+    def new_cache(memory: torch.Tensor, capacity: int) -> tb.DecoderCache:
+        empty = tb.KVCache.allocate(memory.shape[0], 1, capacity, 1, like=memory)
+        return tb.DecoderCache([tb.LayerCache(empty, empty)], torch.zeros((), dtype=torch.long))
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         return torch.zeros(src.shape[0], src.shape[1], 2)
 
     def decode(self, memory, tgt, *, src_mask=None, tgt_mask=None, cache=None) -> torch.Tensor:
         assert cache is not None and tgt.shape[1] == 1
-        tokens, _ = cache[0].self_attn.update(tgt[:, None, :, None].float(), tgt[:, None, :, None].float())
-        prefixes = [tuple(int(t) for t in row[0, 1:, 0]) for row in tokens]
+        fed = tgt[:, None, :, None].float()
+        tokens, _ = cache.layers[0].self_attn.write(fed, fed, cache.position)
+        cache.position += 1
+        prefixes = [tuple(int(t) for t in row[0, 1 : int(cache.position), 0]) for row in tokens]
         return torch.stack([self.next_log_probs(prefix) for prefix in prefixes]).float()[:, None, :]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 from importlib import resources
 
@@ -18,6 +19,7 @@ from transformer_book.recurrent import (
     count_flops,
     match_per_row,
     path_length,
+    rnn_gradients_in_eval,
     sequential_depth,
     train_baseline,
     trained_baseline,
@@ -113,3 +115,64 @@ def test_table_one_measures():
     unrelated = torch.randn(3, requires_grad=True)
     with pytest.raises(ValueError, match="does not depend"):
         path_length((xs[1] * 2).sum(), unrelated)
+
+
+def _position_by_position(gru, xs):
+    """Chapter 0's graph measures of a recurrent layer: positions fed one at a time, gradients of the last output."""
+    state, out = None, None
+    for x in xs:
+        out, state = gru(x.unsqueeze(1), state)
+    last = out.sum()
+    gradients = torch.autograd.grad(last, xs, retain_graph=True)
+    return out, gradients, sequential_depth(out), path_length(last, xs[0])
+
+
+def test_rnn_gradients_in_eval_keeps_eval_mode_and_the_numbers():
+    # On a GPU, chapter 0 differentiates an eval-mode nn.GRU, which cuDNN refuses; the context switches
+    # cuDNN off. This checks on the CPU what the GPU path rests on: inside, cuDNN is off at every call
+    # of the layer, the layer stays in eval mode (two layers with dropout: training mode would be another
+    # computation), and every number is the one computed without the context.
+    torch.manual_seed(0)
+    gru = nn.GRU(8, 8, num_layers=2, dropout=0.5, batch_first=True).eval()
+    xs = [torch.randn(1, 8, requires_grad=True) for _ in range(6)]
+    before = torch.backends.cudnn.enabled
+    plain = _position_by_position(gru, xs)
+    calls = []
+    hook = gru.register_forward_pre_hook(lambda m, args: calls.append((m.training, torch.backends.cudnn.enabled)))
+    try:
+        with rnn_gradients_in_eval():
+            inside = _position_by_position(gru, xs)
+    finally:
+        hook.remove()
+    assert calls == [(False, False)] * len(xs)
+    assert not gru.training and torch.backends.cudnn.enabled == before
+    assert torch.equal(inside[0], plain[0])
+    assert all(torch.equal(a, b) for a, b in zip(inside[1], plain[1], strict=True))
+    assert inside[2:] == plain[2:]  # the same graph: depth and path length
+    assert 0 < inside[1][0].norm() < inside[1][-1].norm()  # the first position's gradient has faded
+
+
+def test_rnn_gradients_in_eval_restores_the_cudnn_flag(monkeypatch):
+    for enabled in (True, False):
+        monkeypatch.setattr(torch.backends.cudnn, "enabled", enabled)
+        with pytest.raises(RuntimeError, match="inside"), rnn_gradients_in_eval():
+            assert torch.backends.cudnn.enabled is False
+            raise RuntimeError("inside")
+        assert torch.backends.cudnn.enabled is enabled
+        with rnn_gradients_in_eval(), rnn_gradients_in_eval():
+            pass
+        assert torch.backends.cudnn.enabled is enabled
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: cuDNN refuses an eval-mode RNN backward")
+def test_rnn_gradients_in_eval_on_a_gpu():
+    torch.manual_seed(0)
+    gru = nn.GRU(8, 8, batch_first=True).eval()
+    xs = [torch.randn(1, 8, requires_grad=True) for _ in range(6)]
+    on_cpu = _position_by_position(gru, xs)
+    on_gpu_inputs = [x.detach().cuda().requires_grad_() for x in xs]
+    with rnn_gradients_in_eval():
+        on_gpu = _position_by_position(copy.deepcopy(gru).cuda().eval(), on_gpu_inputs)
+    torch.testing.assert_close(on_gpu[0].cpu(), on_cpu[0], atol=1e-5, rtol=1e-4)
+    for a, b in zip(on_gpu[1], on_cpu[1], strict=True):
+        torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-4)

@@ -15,8 +15,10 @@ Each module mirrors a chapter of The Executable Transformer:
 - ``checks``      — the argument checks every public function starts with
 - ``exercises``   — ``check(name, fn)``: a reader's own version against the package's
 
-The model is plain PyTorch. The speed wing, ``transformer_book.fast`` (appendix C), is
-imported only on request: ``from transformer_book import fast; fast.accelerate(model)``.
+The model is plain PyTorch. Its speed is PyTorch's (appendix C): it compiles whole with
+``torch.compile(model, fullgraph=True)`` (``compile_model`` falls back to eager where no
+compiler is found), attention runs on ``F.scaled_dot_product_attention``, and decoding keeps a
+static KV cache (``DecoderCache``) whose steps never make the host wait for the device.
 """
 
 from .attention import (
@@ -34,6 +36,7 @@ from .checks import (
     check_heads_input,
     check_logits,
     check_mask,
+    check_offset,
     check_positive,
     check_probability,
     check_schedule,
@@ -43,9 +46,10 @@ from .checks import (
     check_tokens,
     require_tensor,
     shape_of,
+    trusted_ids,
 )
 from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
-from .decoder import Decoder, DecoderLayer, LayerCache
+from .decoder import Decoder, DecoderCache, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
 from .export import (
@@ -63,7 +67,15 @@ from .model import ModelConfig, Transformer, count_parameters, init_weights, mak
 from .parity import to_pytorch
 from .positional import PositionalEncoding, sinusoidal_positional_encoding
 from .recipes import RECIPES, Recipe, TrainedModel, recipe, train_recipe, trained_model
-from .runtime import book_seed, describe_environment, get_device, glue, seed_everything
+from .runtime import (
+    book_seed,
+    compile_model,
+    compile_unavailable,
+    describe_environment,
+    get_device,
+    glue,
+    seed_everything,
+)
 from .training import (
     History,
     LabelSmoothingLoss,
@@ -112,6 +124,11 @@ __all__ = [
     "FeedForward",
     "KVCache",
     "LayerCache",
+    "DecoderCache",
+    "compile_model",
+    "compile_unavailable",
+    "check_offset",
+    "trusted_ids",
     "ModelConfig",
     "MultiHeadAttention",
     "PositionalEncoding",

@@ -47,41 +47,50 @@ def scaled_dot_product_attention(
 
 
 class KVCache:
-    """Keys and values already projected, ``key``/``value`` ``(batch, heads, length, d_head)``.
+    """One attention's keys and values, kept between decoding steps (chapter 9):
+    ``key`` and ``value`` ``(batch, heads, capacity, d_head)``, allocated once.
 
-    In decoding (chapter 9), self-attention appends each new position's key and value,
-    so later steps read them back instead of recomputing them. Cross-attention sets
-    ``static=True``: its keys and values come from the encoder's memory, which does not
-    change while decoding, so they are stored once and reused at every step.
+    A *static* cache, as PyTorch and Hugging Face call it: its buffers never grow, so
+    every decoding step has the same shapes (and can be compiled, or replayed as a CUDA
+    graph). Self-attention writes each step's new keys and values at ``position`` and
+    reads the whole buffer, its mask hiding the slots not written yet. Cross-attention's
+    cache holds the memory's keys and values, projected once before the first step.
     """
 
-    def __init__(self, static: bool = False) -> None:
-        self.static = static
-        self.key: Tensor | None = None
-        self.value: Tensor | None = None
+    def __init__(self, key: Tensor, value: Tensor) -> None:
+        self.key, self.value = key, value
+
+    @classmethod
+    def allocate(
+        cls, batch: int, heads: int, capacity: int, d_head: int, like: Tensor
+    ) -> KVCache:
+        """Empty buffers of ``capacity`` positions, on ``like``'s device and dtype."""
+        key = like.new_zeros(batch, heads, capacity, d_head)
+        return cls(key, torch.zeros_like(key))
 
     @property
-    def length(self) -> int:
-        """How many positions are cached."""
-        return 0 if self.key is None else self.key.shape[2]
+    def capacity(self) -> int:
+        """How many positions the buffers hold."""
+        return self.key.shape[2]
 
-    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Add the new positions ``(batch, heads, new, d_head)`` (a static cache stores them
-        once); returns every position so far."""
-        if self.key is not None and not self.static:
-            key = torch.cat([self.key, key], dim=2)
-            value = torch.cat([self.value, value], dim=2)
-        self.key, self.value = key, value
-        return key, value
+    def write(
+        self, key: Tensor, value: Tensor, position: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Store ``key``, ``value`` ``(batch, heads, new, d_head)`` at positions ``position,
+        position + 1, ...`` (``position`` a 0-d integer tensor, so the step's shapes never
+        change and the host never reads it); return the whole buffers."""
+        index = position + torch.arange(key.shape[2], device=key.device)
+        self.key.index_copy_(2, index, key)
+        self.value.index_copy_(2, index, value)
+        return self.key, self.value
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (beam search reorders its hypotheses)."""
-        if self.key is not None:
-            self.key, self.value = self.key[index], self.value[index]
+        """Keep the batch rows ``index``, in place (beam search reorders its hypotheses)."""
+        self.key.copy_(self.key.index_select(0, index))
+        self.value.copy_(self.value.index_select(0, index))
 
     def __repr__(self) -> str:
-        shape = None if self.key is None else tuple(self.key.shape)
-        return f"KVCache(static={self.static}, length={self.length}, key shape={shape})"
+        return f"KVCache(key shape={tuple(self.key.shape)})"
 
 
 class MultiHeadAttention(nn.Module):
@@ -124,6 +133,11 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
+    def keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Project and split ``key``, ``value`` ``(B, k_len, d_model)`` into the heads'
+        keys and values ``(B, heads, k_len, d_head)``."""
+        return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
+
     def forward(
         self,
         query: Tensor,
@@ -132,14 +146,16 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        position: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         check_heads_input(query, key, value, mask, self.d_model, self.num_heads, cache)
         q = self.split_heads(self.q_proj(query))  # (B, heads, q_len, d_head)
-        if cache is not None and cache.static and cache.length:  # the memory's, stored
+        if cache is not None and position is None:  # projected before: the memory's
             k, v = cache.key, cache.value
         else:
-            k, v = map(self.split_heads, (self.k_proj(key), self.v_proj(value)))
-            k, v = cache.update(k, v) if cache is not None else (k, v)
+            k, v = self.keys_values(key, value)  # (B, heads, k_len, d_head)
+            if cache is not None:  # write the new positions, read every slot
+                k, v = cache.write(k, v, position)
         mask = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
         p = self.dropout if self.training else 0.0
         if need_weights or self.record_weights:

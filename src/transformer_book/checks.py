@@ -4,14 +4,25 @@ Bad input fails early with a ``ValueError`` that names the argument and its shap
 instead of a stack trace from deep inside PyTorch. The chapters' listings call these
 helpers by their public names, so a listing pasted into a notebook after
 ``from transformer_book import *`` runs as it is.
+
+Shapes, dtypes and devices are facts the host knows, so checking them costs nothing and
+``torch.compile`` traces them away. Token ids are values: reading them back makes the host
+wait for the device. So ids are read in eager code only, and not inside
+:func:`trusted_ids`, where the caller has checked them already (``fit`` checks each batch
+on the CPU before moving it; a decoding loop feeds back its own argmax). Under
+``torch.compile`` ids are not read either: check them before the compiled call.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
+
+_ids_trusted = False
 
 
 def shape_of(tensor: Tensor) -> str:
@@ -165,15 +176,50 @@ def check_tokens(
         raise ValueError(
             f"{name} has {tokens.shape[1]} positions, more than max_len={max_len}; shape {shape_of(tokens)}"
         )
-    if (
-        vocab_size is None or tokens.device.type == "meta"
-    ):  # meta: shapes, no ids to read
+    if vocab_size is None or not reads_ids(tokens):
         return
     low, high = map(int, tokens.aminmax())
     if low < 0 or high >= vocab_size:
         raise ValueError(
             f"{name} holds ids in [{low}, {high}] but the vocabulary has {vocab_size} ids (0..{vocab_size - 1}); "
             f"shape {shape_of(tokens)}"
+        )
+
+
+@contextmanager
+def trusted_ids() -> Iterator[None]:
+    """Within the block, :func:`check_tokens` does not read token ids back: the caller has
+    checked them (or made them), so the host need not wait for the device to read them."""
+    global _ids_trusted
+    before, _ids_trusted = _ids_trusted, True
+    try:
+        yield
+    finally:
+        _ids_trusted = before
+
+
+def reads_ids(tokens: Tensor) -> bool:
+    """Whether :func:`check_tokens` reads ``tokens``' values here: in eager code, outside
+    :func:`trusted_ids`, and for a tensor that holds values (not on the meta device)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not _ids_trusted and tokens.device.type != "meta"
+
+
+def check_offset(offset: int | Tensor, x: Tensor, max_len: int) -> None:
+    """Positions ``offset .. offset + seq - 1`` of ``x (batch, seq, d_model)`` must lie in
+    ``[0, max_len)``. A tensor ``offset`` (a KV cache's position, on the device) must be a
+    0-d integer; it is never read: its range is the cache's, whose capacity is checked."""
+    if isinstance(offset, Tensor):
+        if offset.dim() != 0 or offset.is_floating_point():
+            raise ValueError(
+                f"offset must be an int or a 0-d integer tensor, got {offset.dtype} {shape_of(offset)}"
+            )
+        return
+    end = offset + x.shape[1]
+    if offset < 0 or end > max_len:
+        raise ValueError(
+            f"positions {offset}..{end - 1} of x with shape {shape_of(x)} exceed max_len={max_len}"
         )
 
 
@@ -257,10 +303,9 @@ def check_heads_input(
     cache: object = None,
 ) -> None:
     """The inputs of multi-head attention: ``query (B, q_len, d_model)``, ``key`` and ``value
-    (B, k_len, d_model)``, ``mask`` broadcastable to ``(B, q_len, past + k_len)`` or, with the
-    head axis, ``(B, num_heads, q_len, past + k_len)``, where ``past`` positions come from a
-    self-attention ``cache`` (a ``KVCache``; a static one, of cross-attention, adds none)."""
-    past = cache.length if cache is not None and not cache.static else 0
+    (B, k_len, d_model)``, ``mask`` broadcastable to ``(B, q_len, keys)`` or, with the
+    head axis, ``(B, num_heads, q_len, keys)``: ``keys`` is ``k_len``, or with a ``cache``
+    (a ``KVCache``) its capacity, since attention then reads every slot of the cache."""
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         check_features(tensor, name, d_model)
     if key.shape[:2] != value.shape[:2]:
@@ -271,7 +316,12 @@ def check_heads_input(
         raise ValueError(
             f"query and key must share the batch size, got query {shape_of(query)} and key {shape_of(key)}"
         )
-    target = (query.shape[0], query.shape[1], past + key.shape[1])
+    keys = cache.capacity if cache is not None else key.shape[1]
+    if cache is not None and cache.key.shape[0] != query.shape[0]:
+        raise ValueError(
+            f"the cache holds {cache.key.shape[0]} rows but query has shape {shape_of(query)}"
+        )
+    target = (query.shape[0], query.shape[1], keys)
     if mask is not None and mask.dim() == 4:
         target = (target[0], num_heads, *target[1:])
     check_mask(mask, "mask", target, query.device)
@@ -280,21 +330,31 @@ def check_heads_input(
 def check_target(
     tgt: Tensor,
     memory: Tensor,
-    past: int,
     vocab_size: int,
     max_len: int,
     src_mask: Tensor | None = None,
     tgt_mask: Tensor | None = None,
+    cache: object = None,
 ) -> None:
-    """The decoder's input: ids ``tgt (batch, new)`` in the vocabulary, that with ``past`` cached
-    positions stay within ``max_len``, for a ``memory (batch, src_len, d_model)`` of the same
-    batch; ``src_mask`` broadcastable to ``(batch, new, src_len)``, ``tgt_mask`` to
-    ``(batch, new, past + new)``."""
+    """The decoder's input: ids ``tgt (batch, new)`` in the vocabulary, at most ``max_len``
+    positions, for a ``memory (batch, src_len, d_model)`` of the same batch; ``src_mask``
+    broadcastable to ``(batch, new, src_len)``, ``tgt_mask`` to ``(batch, new, new)``, or with
+    a ``cache`` (a ``DecoderCache``) to ``(batch, new, capacity)``, where the capacity is at
+    most ``max_len`` and ``new`` fits in it."""
     check_tokens(tgt, "tgt", vocab_size)
-    if past + tgt.shape[1] > max_len:
+    keys = tgt.shape[1] if cache is None else cache.capacity
+    if cache is None and keys > max_len:
         raise ValueError(
-            f"tgt reaches position {past + tgt.shape[1] - 1} (shape {shape_of(tgt)}, {past} cached), "
-            f"beyond max_len={max_len}"
+            f"tgt reaches position {keys - 1} (shape {shape_of(tgt)}), beyond max_len={max_len}"
+        )
+    if cache is not None and (keys > max_len or tgt.shape[1] > keys):
+        raise ValueError(
+            f"tgt {shape_of(tgt)} and a cache of capacity {keys}: the new positions must fit "
+            f"in the cache, and the cache in max_len={max_len}"
+        )
+    if cache is not None and cache.layers[0].self_attn.key.shape[0] != tgt.shape[0]:
+        raise ValueError(
+            f"tgt {shape_of(tgt)} and the cache's {cache.layers[0].self_attn.key.shape[0]} rows differ"
         )
     require_tensor(memory, "memory")
     if memory.dim() != 3 or tgt.shape[0] != memory.shape[0]:
@@ -303,7 +363,7 @@ def check_target(
         )
     batch, new = tgt.shape
     check_mask(src_mask, "src_mask", (batch, new, memory.shape[1]), memory.device)
-    check_mask(tgt_mask, "tgt_mask", (batch, new, past + new), memory.device)
+    check_mask(tgt_mask, "tgt_mask", (batch, new, keys), memory.device)
 
 
 def check_decoding(

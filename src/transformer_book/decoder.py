@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
@@ -17,8 +18,39 @@ class LayerCache:
     """What one decoder layer remembers between decoding steps (chapter 9's KV cache): the
     keys and values of its self-attention, and those of its cross-attention over the memory."""
 
-    self_attn: KVCache = field(default_factory=KVCache)
-    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
+    self_attn: KVCache
+    cross_attn: KVCache
+
+
+@dataclass(eq=False)
+class DecoderCache:
+    """A decoder's KV cache: one :class:`LayerCache` per layer, and ``position``, a 0-d
+    integer tensor on the model's device that counts the positions written so far.
+
+    Made by :meth:`Decoder.new_cache`; :meth:`~transformer_book.model.Transformer.decode`
+    writes each step's positions and moves ``position`` on, on the device.
+    """
+
+    layers: list[LayerCache]
+    position: Tensor
+
+    @property
+    def capacity(self) -> int:
+        """How many target positions fit (each layer's self-attention buffer length)."""
+        return self.layers[0].self_attn.capacity
+
+    def causal_mask(self, new: int) -> Tensor:
+        """``(1, new, capacity)``: the ``new`` positions from ``position`` on may see every
+        slot up to their own, and no slot not written yet."""
+        slots = torch.arange(self.capacity, device=self.position.device)
+        queries = self.position + torch.arange(new, device=self.position.device)
+        return (slots <= queries[:, None])[None]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` of every self-attention cache (beam search). The
+        cross-attention caches stay: the beams of one source share its memory."""
+        for layer in self.layers:
+            layer.self_attn.reorder(index)
 
 
 class DecoderLayer(nn.Module):
@@ -59,16 +91,20 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         cache: LayerCache | None = None,
+        position: Tensor | None = None,
     ) -> Tensor:
         """Masks by keyword only (``nn.TransformerDecoderLayer`` takes ``tgt_mask`` first:
-        masks of one shape would swap silently). With ``cache``, ``x`` is new positions."""
+        masks of one shape would swap silently). With ``cache``, ``x`` holds the new
+        positions, written into the cache from ``position`` on."""
         check_features(x, "x", self.d_model)
         check_features(memory, "memory", self.d_model)
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
 
         def self_attention(h: Tensor) -> Tensor:  # the decoder's own past, masked
-            return self.self_attn(h, h, h, tgt_mask, cache=self_cache)[0]
+            return self.self_attn(
+                h, h, h, tgt_mask, cache=self_cache, position=position
+            )[0]
 
         def cross_attention(h: Tensor) -> Tensor:  # keys and values: the encoder's
             return self.cross_attn(h, memory, memory, src_mask, cache=cross_cache)[0]
@@ -88,9 +124,23 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.norm = final_norm(layer.d_model, layer.norm_first)
 
-    def new_cache(self) -> list[LayerCache]:
-        """An empty KV cache, one entry per layer."""
-        return [LayerCache() for _ in self.layers]
+    def new_cache(self, memory: Tensor, capacity: int) -> DecoderCache:
+        """A KV cache for decoding up to ``capacity`` target positions against ``memory
+        (batch, src_len, d_model)``: empty self-attention buffers, and the memory's keys
+        and values for each cross-attention, projected once, here."""
+        attention = self.layers[0].self_attn
+        check_features(memory, "memory", attention.d_model)
+        check_positive(capacity, "capacity")
+        batch, heads, d_head = memory.shape[0], attention.num_heads, attention.d_head
+        layers = [
+            LayerCache(
+                KVCache.allocate(batch, heads, capacity, d_head, like=memory),
+                KVCache(*layer.cross_attn.keys_values(memory, memory)),
+            )
+            for layer in self.layers
+        ]
+        position = torch.zeros((), dtype=torch.long, device=memory.device)
+        return DecoderCache(layers, position)
 
     def forward(
         self,
@@ -99,21 +149,19 @@ class Decoder(nn.Module):
         *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
-        cache: list[LayerCache] | None = None,
+        cache: DecoderCache | None = None,
     ) -> Tensor:
         """``x (batch, tgt_len, d_model)``, ``memory (batch, src_len, d_model)`` → ``(batch, tgt_len, d_model)``.
 
         Masks by keyword only (see :class:`DecoderLayer`). With ``cache``, ``x`` holds only the
-        new positions; keys and values of the earlier ones are read from the cache and the new
-        ones appended to it.
+        new positions; they are written into the cache at ``cache.position``, and the keys and
+        values of the earlier ones are read from it.
         """
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(
-                f"cache has {len(cache)} entries but the decoder has {len(self.layers)} layers"
-            )
         for index, layer in enumerate(self.layers):
-            layer_cache = cache[index] if cache is not None else None
+            layer_cache = cache.layers[index] if cache is not None else None
+            position = cache.position if cache is not None else None
             x = layer(
-                x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=layer_cache
-            )
+                x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=layer_cache,
+                position=position,
+            )  # fmt: skip
         return self.norm(x)

@@ -12,9 +12,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import check_decoding, check_positive
+from .checks import check_decoding, check_positive, trusted_ids
 from .masking import causal_mask, padding_mask
 from .model import Transformer
+
+CHECK_EVERY = (
+    8  # steps between the loops' one read of the device: "has every row finished?"
+)
 
 
 @torch.inference_mode()
@@ -28,24 +32,48 @@ def greedy_decode(
     use_cache: bool = True,
 ) -> Tensor:
     """``src (batch, src_len)`` → ids ``(batch, ≤ max_len)``: BOS, then the likeliest
-    token at each step; ``pad_id`` after EOS. No cache: the same tokens, more slowly."""
+    token at each step; ``pad_id`` after EOS. No cache: the same tokens, more slowly.
+
+    A step never makes the host wait for the device: tokens are written into a buffer of
+    ``max_len`` columns, and whether every row has finished is read once every
+    ``CHECK_EVERY`` steps. The result is cut where the last row finished."""
     check_decoding(model.config, src, max_len, bos_id, eos_id)
     pad = model.config.pad_id
     src_mask = padding_mask(src, pad) if src_mask is None else src_mask
-    memory = model.encode(src, src_mask)
-    ys = torch.full((len(src), 1), bos_id, device=src.device)
+    ys = torch.full((len(src), max_len), pad, device=src.device)
+    ys[:, 0] = bos_id
     done = torch.zeros(len(src), dtype=torch.bool, device=src.device)
-    cache = model.decoder.new_cache() if use_cache else None
-    while ys.shape[1] < max_len and not done.all():
-        if use_cache:  # only the newest token: the cache holds the rest
-            hidden = model.decode(memory, ys[:, -1:], src_mask=src_mask, cache=cache)
-        else:  # the whole prefix, causally masked
-            causal = causal_mask(ys.shape[1], ys.device)
-            hidden = model.decode(memory, ys, src_mask=src_mask, tgt_mask=causal)
-        token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(done, pad)
-        ys = torch.cat([ys, token[:, None]], dim=1)
-        done |= token == eos_id if eos_id is not None else False
-    return ys
+    with trusted_ids():  # src was checked above; the rest are the model's own tokens
+        memory = model.encode(src, src_mask)
+        cache = model.decoder.new_cache(memory, max_len - 1) if use_cache else None
+        for t in range(1, max_len):
+            if use_cache:  # only the newest token: the cache holds the rest
+                hidden = model.decode(
+                    memory, ys[:, t - 1 : t], src_mask=src_mask, cache=cache
+                )
+            else:  # the whole prefix, causally masked
+                causal = causal_mask(t, ys.device)
+                hidden = model.decode(
+                    memory, ys[:, :t], src_mask=src_mask, tgt_mask=causal
+                )
+            token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(done, pad)
+            ys[:, t] = token
+            if eos_id is not None:
+                done |= token == eos_id
+                if t % CHECK_EVERY == 0 and done.all():
+                    break
+    return ys[:, : decoded_length(ys, eos_id)]
+
+
+def decoded_length(ys: Tensor, eos_id: int | None) -> int:
+    """Columns up to the step at which the last row of ``ys (batch, max_len)`` emitted its
+    EOS (all of them if a row never did): where a loop that checked every step would stop."""
+    if eos_id is None:
+        return ys.shape[1]
+    is_eos = ys[:, 1:] == eos_id
+    if not is_eos.any(dim=1).all():
+        return ys.shape[1]
+    return int(is_eos.int().argmax(dim=1).max()) + 2
 
 
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
@@ -79,59 +107,50 @@ def beam_search(
     device = src.device
     if src_mask is None:
         src_mask = padding_mask(src, pad_id)
-    # Each source is repeated once per beam: rows b*k .. b*k + k-1 belong to source b.
-    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
+    with trusted_ids():  # src was checked above; the rest are the model's own tokens
+        # Each source is repeated once per beam: rows b*k .. b*k + k-1 are source b's.
+        memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
     memory_mask = src_mask.repeat_interleave(k, dim=0)
-    cache = model.decoder.new_cache()
+    cache = model.decoder.new_cache(memory, max_len - 1)
 
     ys = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # at the start all beams are the same prefix: expand only one
-    lengths = torch.zeros(
-        batch, k, device=device
-    )  # |y|: tokens after BOS so far, EOS included
+    # |y|: tokens after BOS so far, EOS included
+    lengths = torch.zeros(batch, k, device=device)
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    # A finished hypothesis may only be continued by padding, at no cost.
+    pad_only = torch.full((vocab,), float("-inf"), device=device)
+    pad_only[pad_id] = 0.0
+    offsets = torch.arange(batch, device=device).unsqueeze(1) * k
 
-    for _step in range(max_len - 1):
-        hidden = model.decode(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
-        log_probs = (
-            model.generator(hidden[:, -1]).log_softmax(dim=-1).view(batch, k, vocab)
-        )
-        # A finished hypothesis may only be continued by padding, at no cost.
-        pad_only = torch.full_like(log_probs[0, 0], float("-inf"))
-        pad_only[pad_id] = 0.0
+    for step in range(1, max_len):
+        with trusted_ids():
+            hidden = model.decode(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
+        log_probs = model.generator(hidden[:, -1]).log_softmax(dim=-1)
+        log_probs = log_probs.view(batch, k, vocab)
         log_probs = torch.where(finished.unsqueeze(-1), pad_only, log_probs)
 
         candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)
-        candidate_lengths = (
-            (lengths + (~finished).float())
-            .unsqueeze(-1)
-            .expand(batch, k, vocab)
-            .reshape(batch, k * vocab)
-        )
+        grown = lengths + (~finished).float()  # |y| of each beam's continuations
+        candidate_lengths = grown.repeat_interleave(vocab, dim=1)
         ranked = candidates / length_penalty(candidate_lengths, alpha)
         _, best = ranked.topk(k, dim=-1)  # (batch, k)
 
-        beam = best // vocab
-        token = best % vocab
-        rows = (beam + torch.arange(batch, device=device).unsqueeze(1) * k).view(-1)
+        beam, token = best // vocab, best % vocab
+        rows = (beam + offsets).view(-1)
         scores = candidates.gather(1, best)
         lengths = candidate_lengths.gather(1, best)
-        finished = finished.gather(1, beam) | (
-            token == eos_id if eos_id is not None else False
-        )
+        finished = finished.gather(1, beam)
+        if eos_id is not None:
+            finished = finished | (token == eos_id)
         ys = torch.cat([ys.index_select(0, rows), token.view(-1, 1)], dim=1)
-        for (
-            layer_cache
-        ) in cache:  # the cross-attention cache is the same for every beam of a source
-            layer_cache.self_attn.reorder(rows)
-        if finished.all():
+        cache.reorder(rows)
+        if step % CHECK_EVERY == 0 and finished.all():
             break
 
     final = scores / length_penalty(lengths, alpha)
-    best_beam = final.argmax(dim=-1)  # (batch,)
-    rows = best_beam + torch.arange(batch, device=device) * k
-    best_ys = ys.index_select(0, rows)
+    best_ys = ys.index_select(0, final.argmax(dim=-1) + offsets.view(-1))
     # Other beams may have run longer than every winner: drop columns that are padding in every row.
     keep = int((best_ys != pad_id).any(dim=0).nonzero().max()) + 1
     return best_ys[:, :keep]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
 from torch import Tensor, nn
 
 from .checks import (
@@ -14,7 +13,7 @@ from .checks import (
     check_target,
     check_tokens,
 )
-from .decoder import Decoder, DecoderLayer, LayerCache
+from .decoder import Decoder, DecoderCache, DecoderLayer
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
 from .masking import padding_mask, target_mask
@@ -145,7 +144,7 @@ class Transformer(nn.Module):
         *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
-        cache: list[LayerCache] | None = None,
+        cache: DecoderCache | None = None,
     ) -> Tensor:
         """Decoder hidden states ``(batch, tgt_len, d_model)`` for target ids ``tgt (batch, tgt_len)``.
 
@@ -153,24 +152,28 @@ class Transformer(nn.Module):
 
         ``src_mask`` (broadcastable to ``(batch, 1, src_len)``) hides padding in the
         memory; ``None`` lets every memory position be seen. ``tgt_mask`` defaults to
-        padding + causal. With ``cache`` (see :meth:`~transformer_book.decoder.Decoder.new_cache`), ``tgt`` holds
-        only the positions not decoded yet, and keys and values of earlier ones come
-        from the cache.
+        padding + causal. With ``cache`` (see :meth:`~transformer_book.decoder.Decoder.new_cache`),
+        ``tgt`` holds only the positions not decoded yet: they are written into the cache
+        at ``cache.position``, which then moves on, and ``tgt_mask`` defaults to the
+        cache's causal mask over its slots.
         """
-        past = cache[0].self_attn.length if cache else 0
         c = self.config
-        check_target(tgt, memory, past, c.tgt_vocab_size, c.max_len, src_mask, tgt_mask)
-        new = tgt.shape[1]
-        if tgt_mask is None and cache is None:
-            tgt_mask = target_mask(tgt, c.pad_id)
-        elif tgt_mask is None and new > 1:
-            # New positions see every cached one and, among themselves, only the past.
-            ones = torch.ones(new, past + new, dtype=torch.bool, device=tgt.device)
-            tgt_mask = ones.tril(past)[None]
-        x = self.positional(self.tgt_embed(tgt), offset=past)
-        return self.decoder(
+        check_target(
+            tgt, memory, c.tgt_vocab_size, c.max_len, src_mask, tgt_mask, cache
+        )
+        if cache is None:
+            offset = 0
+            tgt_mask = target_mask(tgt, c.pad_id) if tgt_mask is None else tgt_mask
+        else:  # the new positions only: keys and values of the others are cached
+            offset = cache.position
+            tgt_mask = cache.causal_mask(tgt.shape[1]) if tgt_mask is None else tgt_mask
+        x = self.positional(self.tgt_embed(tgt), offset=offset)
+        hidden = self.decoder(
             x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache
         )
+        if cache is not None:
+            cache.position += tgt.shape[1]  # on the device: the host never reads it
+        return hidden
 
     def forward(
         self,

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .checks import check_encoding, check_features, check_probability
+from .checks import check_encoding, check_features, check_offset, check_probability
 
 
 def sinusoidal_positional_encoding(
@@ -48,7 +48,8 @@ class PositionalEncoding(nn.Module):
 
     Shapes: ``x (batch, seq, d_model)`` → same shape. ``offset`` shifts the
     positions, so a decoder that feeds one new token at a time (the KV cache of
-    chapter 9) gives it the position it really has.
+    chapter 9) gives it the position it really has; it may be a 0-d tensor on the
+    device (the cache's position), which the host never reads.
     """
 
     def __init__(
@@ -70,12 +71,8 @@ class PositionalEncoding(nn.Module):
             persistent=False,
         )
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         check_features(x, "x", self.d_model)
-        end = offset + x.shape[1]
-        if offset < 0 or end > self.max_len:
-            raise ValueError(
-                f"positions {offset}..{end - 1} of x with shape ({', '.join(map(str, x.shape))}) "
-                f"exceed max_len={self.max_len}"
-            )
-        return self.dropout(x + self.pe[offset:end].to(x.dtype))
+        check_offset(offset, x, self.max_len)
+        positions = offset + torch.arange(x.shape[1], device=x.device)
+        return self.dropout(x + self.pe[positions].to(x.dtype))

@@ -159,16 +159,14 @@ def train_recipe(
     until_target: bool = True,
     device: torch.device | None = None,
     progress: bool = False,
-    accelerate: bool = True,
 ) -> TrainedModel:
     """Train a fresh model with ``RECIPES[name]`` and seed ``seed``.
 
     With ``until_target`` training stops at the first evaluation that reaches the
     recipe's target; without it, it runs to the cap (the benchmark does, to see that
     the model stays there). The data, the held-out set and the initial weights all
-    derive from ``seed``. With ``accelerate`` the training runs on the speed wing
-    (:func:`transformer_book.fast.modules.accelerate`, appendix C: the same model on faster CPU
-    kernels, its dropout masks drawn another way); the model returned is plain either way.
+    derive from ``seed``. This is the one code path that trains a recipe: the chapters,
+    the benchmarks and ``scripts/make_checkpoints.py`` (the shipped checkpoints) all call it.
     """
     r = recipe(name)
     device = device or get_device()
@@ -176,10 +174,6 @@ def train_recipe(
     task = r.make_task(seed)
     config = r.model_config(task)
     model = make_model(config).to(device)
-    if accelerate:
-        from . import fast  # the wing imports the model, never the other way round
-
-        fast.accelerate(model)
     optimizer, schedule = r.optimizer(model)
     rng = random.Random(seed + 1)  # the training batches
 
@@ -193,8 +187,6 @@ def train_recipe(
         average=r.average,
     )  # fmt: skip
     model = history.averaged if history.averaged is not None else model.eval()
-    if accelerate:
-        fast.plain(model)
     return TrainedModel(
         model, task, r, seed, history.step[-1], history.eval_metric[-1], history
     )

@@ -15,11 +15,12 @@ are read by :func:`trained_baseline`, checked against ``SHA256SUMS`` and against
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -191,6 +192,29 @@ def count_flops(fn: Callable[..., object], *args: object) -> int:
     with counter:
         fn(*args)
     return counter.get_total_flops()
+
+
+@contextlib.contextmanager
+def rnn_gradients_in_eval() -> Iterator[None]:
+    """A context in which autograd can differentiate through ``nn.GRU`` (``nn.LSTM``, ``nn.RNN``) in eval mode.
+
+    On a GPU the recurrent layers run on cuDNN, whose backward pass refuses a layer in eval mode
+    ("cudnn RNN backward can only be called in training mode"). Inside the context cuDNN is off,
+    so PyTorch's own kernels run both passes; ``torch.backends.cudnn.enabled`` is restored on exit.
+    Run the forward pass inside it too: the backward is chosen when the forward runs.
+
+    cuDNN is switched off rather than the layer put into training mode: training mode is the same
+    computation only without dropout, and the layer measured should be the one in eval mode. On a
+    CPU cuDNN is never used and nothing changes.
+    """
+    # Only the ``enabled`` flag: ``torch.backends.cudnn.flags()`` would also reset cuDNN's other
+    # settings (and, in newer PyTorch, CUDA's float32 precision) while the context lasts.
+    enabled = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.enabled = enabled
 
 
 def _inputs(node) -> list:

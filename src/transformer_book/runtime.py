@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import random
-from typing import Any
+import shutil
+import warnings
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -53,6 +56,40 @@ def get_device() -> torch.device:
     if torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+Compiled = TypeVar("Compiled")
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why ``torch.compile`` cannot build kernels for ``device`` here, or None if it can.
+
+    Inductor writes C++ for a CPU, which needs a C++ compiler (``$CXX``, ``c++``, ``g++`` or
+    ``clang++``), and Triton for a CUDA GPU. Other devices run eagerly.
+    """
+    if device.type == "cpu":
+        names = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
+        if not any(name and shutil.which(name) for name in names):
+            return "no C++ compiler was found ($CXX, c++, g++ or clang++)"
+        return None
+    if device.type == "cuda":
+        return None if importlib.util.find_spec("triton") else "Triton is not installed"
+    return f"torch.compile is not used on {device.type} here"
+
+
+def compile_model(
+    module: Compiled, device: torch.device | None = None, **options: Any
+) -> Compiled:
+    """``torch.compile(module, fullgraph=True, **options)`` where kernels can be built for
+    ``device`` (the module's, by default); elsewhere ``module`` itself, eager, with a warning
+    that says why. ``fullgraph=True``: a break in the graph is an error, not a silent slowdown."""
+    if device is None:
+        device = next(iter(module.parameters())).device
+    reason = compile_unavailable(device)
+    if reason is not None:
+        warnings.warn(f"running eagerly: {reason}", stacklevel=2)
+        return module
+    return torch.compile(module, **{"fullgraph": True, **options})
 
 
 def book_seed(default: int = 0) -> int:

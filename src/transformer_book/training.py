@@ -16,11 +16,13 @@ from .checks import (
     check_probability,
     check_schedule,
     check_smoothing,
+    check_tokens,
     shape_of,
+    trusted_ids,
 )
 from .data import Batch
 from .inference import greedy_decode
-from .model import Transformer
+from .model import ModelConfig, Transformer
 from .progress import ProgressBar
 
 
@@ -155,6 +157,13 @@ def train_step(
     return loss.detach(), lr
 
 
+def check_batch(batch: Batch, config: ModelConfig) -> None:
+    """The batch's ids must be ids of the model's vocabularies (read where they are)."""
+    check_tokens(batch.src, "batch.src", config.src_vocab_size, config.max_len)
+    check_tokens(batch.tgt_in, "batch.tgt_in", config.tgt_vocab_size, config.max_len)
+    check_tokens(batch.tgt_out, "batch.tgt_out", config.tgt_vocab_size, config.max_len)
+
+
 def fit(
     model: Transformer,
     next_batch: Callable[[int], Batch],
@@ -193,16 +202,15 @@ def fit(
     figures: dict[str, str] = {}
     with ProgressBar(steps, desc="training", unit="step", enabled=progress) as bar:
         for step in range(1, steps + 1):
-            batch = next_batch(step).to(device)
-            loss, lr = train_step(
-                model,
-                batch,
-                loss_fn,
-                optimizer,
-                schedule,
-                clip_norm=clip_norm,
-                bf16=bf16,
-            )
+            batch = next_batch(step)
+            check_batch(
+                batch, model.config
+            )  # once, where the ids are (the CPU, usually)
+            with trusted_ids():  # so the model need not read them back from the device
+                loss, lr = train_step(
+                    model, batch.to(device), loss_fn, optimizer, schedule,
+                    clip_norm=clip_norm, bf16=bf16,
+                )  # fmt: skip
             history.step.append(step)
             history.loss.append(loss.item())
             history.lr.append(lr)
