@@ -60,7 +60,13 @@ from .export import (
     onnx_greedy_decode,
     onnx_sessions,
 )
-from .inference import beam_search, greedy_decode, length_penalty
+from .inference import (
+    CHECK_EVERY,
+    beam_search,
+    decoded_length,
+    greedy_decode,
+    length_penalty,
+)
 from .layers import FeedForward, sublayer_connection
 from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
 from .model import ModelConfig, Transformer, count_parameters, init_weights, make_model
@@ -141,6 +147,8 @@ __all__ = [
     "get_device",
     "glue",
     "greedy_decode",
+    "CHECK_EVERY",
+    "decoded_length",
     "length_penalty",
     "init_weights",
     "make_model",

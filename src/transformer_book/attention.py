@@ -80,8 +80,9 @@ class KVCache:
         position + 1, ...`` (``position`` a 0-d integer tensor, so the step's shapes never
         change and the host never reads it); return the whole buffers."""
         index = position + torch.arange(key.shape[2], device=key.device)
-        self.key.index_copy_(2, index, key)
-        self.value.index_copy_(2, index, value)
+        # In the buffers' dtype: under autocast the projections may come in bfloat16.
+        self.key.index_copy_(2, index, key.to(self.key.dtype))
+        self.value.index_copy_(2, index, value.to(self.value.dtype))
         return self.key, self.value
 
     def reorder(self, index: Tensor) -> None:
@@ -133,10 +134,22 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
-    def keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Project and split ``key``, ``value`` ``(B, k_len, d_model)`` into the heads'
-        keys and values ``(B, heads, k_len, d_head)``."""
-        return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
+    def keys_values(
+        self,
+        key: Tensor,
+        value: Tensor,
+        cache: KVCache | None = None,
+        position: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The heads' keys and values ``(B, heads, k_len, d_head)``, ``key`` and ``value``
+        projected and split. In decoding, with a ``cache``: cross-attention reads the
+        memory's, projected once (no ``position``); self-attention writes this step's at
+        ``position`` and reads every slot."""
+        if cache is not None and position is None:
+            return cache.key, cache.value
+        k = self.split_heads(self.k_proj(key))
+        v = self.split_heads(self.v_proj(value))
+        return (k, v) if cache is None else cache.write(k, v, position)
 
     def forward(
         self,
@@ -150,12 +163,9 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         check_heads_input(query, key, value, mask, self.d_model, self.num_heads, cache)
         q = self.split_heads(self.q_proj(query))  # (B, heads, q_len, d_head)
-        if cache is not None and position is None:  # projected before: the memory's
-            k, v = cache.key, cache.value
-        else:
-            k, v = self.keys_values(key, value)  # (B, heads, k_len, d_head)
-            if cache is not None:  # write the new positions, read every slot
-                k, v = cache.write(k, v, position)
+        k, v = self.keys_values(
+            key, value, cache, position
+        )  # (B, heads, k_len, d_head)
         mask = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
         p = self.dropout if self.training else 0.0
         if need_weights or self.record_weights:

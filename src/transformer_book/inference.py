@@ -16,9 +16,8 @@ from .checks import check_decoding, check_positive, trusted_ids
 from .masking import causal_mask, padding_mask
 from .model import Transformer
 
-CHECK_EVERY = (
-    8  # steps between the loops' one read of the device: "has every row finished?"
-)
+#: Steps between the decoding loops' one read of the device: "has every row finished?"
+CHECK_EVERY = 8
 
 
 @torch.inference_mode()
@@ -32,36 +31,23 @@ def greedy_decode(
     use_cache: bool = True,
 ) -> Tensor:
     """``src (batch, src_len)`` → ids ``(batch, ≤ max_len)``: BOS, then the likeliest
-    token at each step; ``pad_id`` after EOS. No cache: the same tokens, more slowly.
-
-    A step never makes the host wait for the device: tokens are written into a buffer of
-    ``max_len`` columns, and whether every row has finished is read once every
-    ``CHECK_EVERY`` steps. The result is cut where the last row finished."""
+    token at each step; ``pad_id`` after EOS. No cache: the same tokens, more slowly."""
     check_decoding(model.config, src, max_len, bos_id, eos_id)
-    pad = model.config.pad_id
+    pad, batch, device = model.config.pad_id, src.shape[0], src.device
     src_mask = padding_mask(src, pad) if src_mask is None else src_mask
-    ys = torch.full((len(src), max_len), pad, device=src.device)
-    ys[:, 0] = bos_id
-    done = torch.zeros(len(src), dtype=torch.bool, device=src.device)
-    with trusted_ids():  # src was checked above; the rest are the model's own tokens
+    ys = torch.tensor([bos_id] + [pad] * (max_len - 1), device=device).repeat(batch, 1)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    with trusted_ids():  # src is checked; later ids are the model's own argmax
         memory = model.encode(src, src_mask)
         cache = model.decoder.new_cache(memory, max_len - 1) if use_cache else None
         for t in range(1, max_len):
-            if use_cache:  # only the newest token: the cache holds the rest
-                hidden = model.decode(
-                    memory, ys[:, t - 1 : t], src_mask=src_mask, cache=cache
-                )
-            else:  # the whole prefix, causally masked
-                causal = causal_mask(t, ys.device)
-                hidden = model.decode(
-                    memory, ys[:, :t], src_mask=src_mask, tgt_mask=causal
-                )
-            token = model.generator(hidden[:, -1]).argmax(-1).masked_fill(done, pad)
-            ys[:, t] = token
-            if eos_id is not None:
-                done |= token == eos_id
-                if t % CHECK_EVERY == 0 and done.all():
-                    break
+            tgt = ys[:, t - 1 : t] if use_cache else ys[:, :t]  # cache: the newest
+            mask = None if use_cache else causal_mask(t, device)
+            h = model.decode(memory, tgt, src_mask=src_mask, tgt_mask=mask, cache=cache)
+            ys[:, t] = model.generator(h[:, -1]).argmax(-1).masked_fill(done, pad)
+            done |= ys[:, t] == eos_id
+            if t % CHECK_EVERY == 0 and done.all():  # the host waits here only
+                break
     return ys[:, : decoded_length(ys, eos_id)]
 
 
