@@ -9,12 +9,15 @@ checkpoint stores its recipe, and `trained_model` refuses it once the recipe cha
 from __future__ import annotations
 
 import dataclasses
+import random
 import shutil
 from importlib import resources
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
+from book_helpers import REPO_ROOT
 
 import transformer_book as tb
 from transformer_book.recipes import CHECKPOINT_PACKAGE, checkpoint_state, read_checkpoint
@@ -65,6 +68,28 @@ def test_train_recipe_returns_the_average_it_evaluated(monkeypatch: pytest.Monke
     assert run.steps == 60 and run.history.eval_step == [20, 40, 60]
     assert run.accuracy == run.history.eval_metric[-1] == tb.recipes.held_out_accuracy(run.model, run.task)
     assert run.history.lr[-1] == pytest.approx(short.rate(60)) and short.rate(60) == 0.0  # the taper
+
+
+def test_chapter_8_trains_dates_on_the_code_path_of_train_recipe(monkeypatch: pytest.MonkeyPatch):
+    """The run chapter 8 shows (its section 8.5 cell, executed here on the dates recipe cut to 6
+    steps) and ``train_recipe``, which ``scripts/make_checkpoints.py`` calls for the shipped
+    checkpoint, end with the same weights, bit for bit: one recipe, one code path, one model."""
+    short = dataclasses.replace(tb.recipe("dates"), max_steps=6, eval_every=3, target=1.01)
+    monkeypatch.setitem(tb.RECIPES, "dates", short)
+    chapter = nbformat.read(REPO_ROOT / "chapters" / "08_training.ipynb", as_version=4)
+    [cell] = [c.source for c in chapter.cells if c.cell_type == "code" and "dates_history = fit(" in c.source]
+    cut = cell.replace("assert dates_acc >= r.target", "pass  # not after 6 steps:")  # the full recipe's claim
+    namespace = {"SEED": 0, "device": CPU, "random": random, "torch": torch}
+    namespace.update({name: getattr(tb, name) for name in tb.__all__ if name != "exercises"})
+    exec(cut, namespace)
+    run = tb.train_recipe("dates", seed=0, until_target=False, device=CPU)
+    chapter_weights, recipe_weights = namespace["dates_model"].state_dict(), run.model.state_dict()
+    assert chapter_weights.keys() == recipe_weights.keys()
+    for name, weights in chapter_weights.items():
+        assert torch.equal(weights, recipe_weights[name]), name
+    assert namespace["dates_history"].eval_metric == run.history.eval_metric
+    script = (REPO_ROOT / "scripts" / "make_checkpoints.py").read_text()
+    assert "tb.train_recipe(name, seed=0, device=torch.device(\"cpu\")" in script
 
 
 def test_shipped_checkpoint_loads_and_translates():
