@@ -89,7 +89,7 @@ def test_chapter_8_trains_dates_on_the_code_path_of_train_recipe(monkeypatch: py
         assert torch.equal(weights, recipe_weights[name]), name
     assert namespace["dates_history"].eval_metric == run.history.eval_metric
     script = (REPO_ROOT / "scripts" / "make_checkpoints.py").read_text()
-    assert "tb.train_recipe(name, seed=0, device=torch.device(\"cpu\")" in script
+    assert 'tb.train_recipe(name, seed=0, device=torch.device("cpu")' in script
 
 
 def test_shipped_checkpoint_loads_and_translates():
