@@ -1,8 +1,10 @@
 """Chapter 1: token ids become vectors.
 
 An embedding is a lookup table with one learned row per token id. The paper
-multiplies the row by sqrt(d_model) so that its scale matches the positional
-encoding added next (whose entries lie in [-1, 1]).
+multiplies the row by sqrt(d_model) and does not say why. One reading is that the
+factor brings the rows to the scale of the positional encoding added next (whose
+entries lie in [-1, 1]); chapter 1 measures how far that holds, and at the base
+model's size it does not.
 """
 
 from __future__ import annotations
