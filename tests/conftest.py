@@ -103,7 +103,16 @@ def _needs(item: pytest.Item) -> set[str]:
     return names & set(JOBS)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "book: needs the book build or the sections run (`pytest -m 'not book'`: the package alone)"
+    )
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _needs(item):
+            item.add_marker(pytest.mark.book)
     # Tests that wait for a background execution run last, so the others overlap with it.
     items.sort(key=lambda item: bool(_needs(item)))
 

@@ -167,6 +167,15 @@ def run_listing(listing: Listing) -> None:
         elif name == "merge_heads":
             heads = attention.split_heads(x)
             torch.testing.assert_close(ns[name](attention, heads), attention.merge_heads(heads))
+        elif name == "keys_values":  # without a cache, and writing into one at a position
+            for got, want in zip(ns[name](attention, x, x), attention.keys_values(x, x)):
+                torch.testing.assert_close(got, want)
+            ours, theirs = (tb.KVCache.allocate(2, 4, 8, 16, like=x) for _ in range(2))
+            position = torch.tensor(3)
+            for got, want in zip(
+                ns[name](attention, x, x, ours, position), attention.keys_values(x, x, theirs, position)
+            ):
+                torch.testing.assert_close(got, want)
         else:
             got = ns[name](attention, x, x, x, mask, need_weights=True)
             want = attention(x, x, x, mask, need_weights=True)
