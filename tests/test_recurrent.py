@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import transformer_book as tb
 from transformer_book import MultiHeadAttention
 from transformer_book.recurrent import (
     BASELINE_PACKAGE,
@@ -164,15 +165,17 @@ def test_rnn_gradients_in_eval_restores_the_cudnn_flag(monkeypatch):
         assert torch.backends.cudnn.enabled is enabled
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: cuDNN refuses an eval-mode RNN backward")
-def test_rnn_gradients_in_eval_on_a_gpu():
+def test_rnn_gradients_in_eval_on_the_test_device():
+    """On the device the suite runs on (TRANSFORMER_BOOK_DEVICE=cuda in the GPU job, where cuDNN
+    refuses an eval-mode RNN backward without the context), the CPU's gradients."""
+    device = tb.get_device()
     torch.manual_seed(0)
     gru = nn.GRU(8, 8, batch_first=True).eval()
     xs = [torch.randn(1, 8, requires_grad=True) for _ in range(6)]
     on_cpu = _position_by_position(gru, xs)
-    on_gpu_inputs = [x.detach().cuda().requires_grad_() for x in xs]
+    inputs = [x.detach().to(device).requires_grad_() for x in xs]
     with rnn_gradients_in_eval():
-        on_gpu = _position_by_position(copy.deepcopy(gru).cuda().eval(), on_gpu_inputs)
-    torch.testing.assert_close(on_gpu[0].cpu(), on_cpu[0], atol=1e-5, rtol=1e-4)
-    for a, b in zip(on_gpu[1], on_cpu[1], strict=True):
+        on_device = _position_by_position(copy.deepcopy(gru).to(device).eval(), inputs)
+    torch.testing.assert_close(on_device[0].cpu(), on_cpu[0], atol=1e-5, rtol=1e-4)
+    for a, b in zip(on_device[1], on_cpu[1], strict=True):
         torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-4)
