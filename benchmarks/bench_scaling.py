@@ -1,6 +1,6 @@
 """The runs the scaling-out appendix shows: the trainer CLI alone and under torchrun.
 
-Runs ``python -m transformer_book.cli`` (the ``transformer-book-train`` command) once as a
+Runs ``python -m transformer_book.tools.train`` (the ``transformer-book-train`` command) once as a
 single process and several times under ``torchrun --standalone --nproc_per_node=2`` (gloo
 on a CPU, NCCL on GPUs), and keeps every JSON line each run printed:
 
@@ -34,8 +34,8 @@ COPY = ["--task", "copy", "--steps", "500", "--batch-size", "64", "--dropout", "
 DATES = ["--task", "dates", "--steps", "1000", "--batch-size", "64", "--dropout", "0", "--eval-every", "250"]
 TINY = ["--task", "copy", "--steps", "10", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1",
         "--dropout", "0", "--batch-size", "16", "--eval-every", "2"]  # fmt: skip
-SINGLE = [sys.executable, "-m", "transformer_book.cli"]
-TWO = ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "transformer_book.cli"]
+SINGLE = [sys.executable, "-m", "transformer_book.tools.train"]
+TWO = ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "transformer_book.tools.train"]
 
 
 def run(launcher: list[str], args: list[str], out: Path, resume: Path | None = None) -> dict:
@@ -46,7 +46,7 @@ def run(launcher: list[str], args: list[str], out: Path, resume: Path | None = N
     if done.returncode != 0:
         sys.exit(f"{' '.join(launcher + args)} failed:\n{done.stderr[-3000:]}")
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    shown = ["python -m transformer_book.cli" if launcher is SINGLE else " ".join(TWO)]
+    shown = ["python -m transformer_book.tools.train" if launcher is SINGLE else " ".join(TWO)]
     shown += args + ["--out", out.name] + (["--resume", resume.name] if resume else [])
     print(" ".join(shown), f"-> {len(lines)} lines, last {lines[-1] if lines else None}")
     return {"command": " ".join(shown), "lines": lines}

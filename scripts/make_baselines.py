@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_book.recurrent import BASELINES, baseline_state, train_baseline
+from transformer_book.book.recurrent import BASELINES, baseline_state, train_baseline
 
 FOLDER = Path(__file__).resolve().parents[1] / "src" / "transformer_book" / "checkpoints" / "baselines"
 

@@ -54,8 +54,8 @@ from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
 import transformer_book  # noqa: F401,E402
-import transformer_book.diagrams  # noqa: F401,E402
-import transformer_book.viz  # noqa: F401,E402
+import transformer_book.book.diagrams  # noqa: F401,E402
+import transformer_book.book.viz  # noqa: F401,E402
 
 
 def run_job(job: dict, results: Path) -> None:

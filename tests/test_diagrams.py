@@ -1,4 +1,4 @@
-"""The explanatory diagrams (transformer_book.diagrams) and their place in every chapter."""
+"""The explanatory diagrams (transformer_book.book.diagrams) and their place in every chapter."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from book_helpers import BOOK_ROOT
 
-from transformer_book import diagrams
+from transformer_book.book import diagrams
 
 SVG = "{http://www.w3.org/2000/svg}"
 EXAMPLES = {
@@ -93,7 +93,7 @@ def test_chapter_opens_with_its_architecture_map_and_has_a_diagram(notebook):
         for name in DIAGRAM_CALL.findall(c.source)
         if name in EXAMPLES and name != "architecture_map"
     }
-    assert names, f"{notebook}: no explanatory diagram from transformer_book.diagrams"
+    assert names, f"{notebook}: no explanatory diagram from transformer_book.book.diagrams"
 
 
 @pytest.mark.parametrize("notebook", [c for c in CHAPTERS if not c.startswith("chapters/00_")])

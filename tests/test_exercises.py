@@ -2,7 +2,7 @@
 reader makes it, correct versions written another way pass, and nothing a reader writes makes it crash.
 
 The broken versions below are written here, one by one, the way a reader might write them; they
-share no code with the catalogue in ``transformer_book.exercises``.
+share no code with the catalogue in ``transformer_book.book.exercises``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 import transformer_book as tb
 from transformer_book import exercises
-from transformer_book.exercises import CheckResult, check
+from transformer_book.book.exercises import CheckResult, check
 
 ROOT = Path(__file__).resolve().parents[1]
 

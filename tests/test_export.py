@@ -1,4 +1,4 @@
-"""The dates model exported to ONNX (transformer_book.export) against PyTorch, run with onnxruntime.
+"""The dates model exported to ONNX (transformer_book.book.export) against PyTorch, run with onnxruntime.
 
 One export per module (about five seconds): the graphs must give PyTorch's memory and
 logits to 1e-5, the greedy loop the page runs must give tb.greedy_decode's tokens, and
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import transformer_book as tb
+from transformer_book.book.export import MAX_MODEL_BYTES
 from transformer_book.data import split_words
-from transformer_book.export import MAX_MODEL_BYTES
 
 CHECKED = 64  # held-out dates compared one by one (the first ones of the task's list)
 

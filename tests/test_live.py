@@ -177,7 +177,7 @@ def test_live_files_only_where_needed(built_book: Path, trained):
     assert spec["source_tokens"] == trained.task.src_vocab.tokens
     assert (spec["steps"], spec["accuracy"]) == (trained.steps, trained.accuracy)  # made from the shipped checkpoint
     assert (live / "ort" / "ort-wasm-simd-threaded.wasm").stat().st_size > 1_000_000
-    assert sum(info["bytes"] for info in spec["files"].values()) <= tb.export.MAX_MODEL_BYTES
+    assert sum(info["bytes"] for info in spec["files"].values()) <= tb.book.export.MAX_MODEL_BYTES
 
 
 def test_build_fails_without_onnxruntime_web(tmp_path: Path):

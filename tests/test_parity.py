@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import transformer_book as tb
-from transformer_book.parity import to_pytorch
+from transformer_book.book.parity import to_pytorch
 
 D_MODEL, HEADS, D_FF, LAYERS = 32, 4, 64, 3
 TOL = dict(atol=1e-5, rtol=1e-5)

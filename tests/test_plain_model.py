@@ -55,6 +55,19 @@ def imports_of(module: str) -> set[str]:
     return found
 
 
+LESSON = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("module", LESSON)
+def test_no_lesson_module_imports_the_books_support_or_the_tools(module):
+    """The three rooms: the lesson (this folder), the book's support (``book/``) and the tools
+    (``tools/``). The support and the tools import the lesson, never the other way round."""
+    for name in imports_of(module):
+        parts = name.lstrip(".").split(".")
+        inside = name.startswith(".") or parts[0] == "transformer_book"
+        assert not (inside and {"book", "tools"} & set(parts)), f"{module}.py imports {name}"
+
+
 @pytest.mark.parametrize("module", MODEL_MODULES)
 def test_model_modules_import_plain_pytorch_and_each_other(module):
     for name in imports_of(module):

@@ -1,4 +1,4 @@
-"""The GRU baselines of chapter 0 and the Table 1 measurements (transformer_book.recurrent)."""
+"""The GRU baselines of chapter 0 and the Table 1 measurements (transformer_book.book.recurrent)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 
 import transformer_book as tb
 from transformer_book import MultiHeadAttention
-from transformer_book.recurrent import (
+from transformer_book.book.recurrent import (
     BASELINE_PACKAGE,
     BASELINES,
     RecurrentConfig,

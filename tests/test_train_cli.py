@@ -21,7 +21,7 @@ import transformer_book
 from transformer_book.data import Batch, DateTask, copy_task_batch
 from transformer_book.training import LabelSmoothingLoss
 
-cli = importlib.import_module("transformer_book.cli")
+cli = importlib.import_module("transformer_book.tools.train")
 
 TINY = ["--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1", "--eval-size", "8"]
 METRIC_KEYS = {"step", "loss", "lr", "exact_match", "elapsed_s", "world_size"}
@@ -42,7 +42,7 @@ def cpu_one_thread_and_restored_rng(monkeypatch: pytest.MonkeyPatch):
 
 
 def run_here(argv: list[str], capsys: pytest.CaptureFixture) -> list[dict]:
-    """``python -m transformer_book.cli ARGV`` in this process; the JSON lines it printed."""
+    """``python -m transformer_book.tools.train ARGV`` in this process; the JSON lines it printed."""
     assert cli.main(argv) == 0
     return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
 
@@ -64,7 +64,7 @@ def test_two_processes_under_torchrun_match_one_process(tmp_path: Path, capsys: 
             "--standalone",
             "--nproc_per_node=2",
             "-m",
-            "transformer_book.cli",
+            "transformer_book.tools.train",
             *common,
             "--out",
             str(tmp_path / "two.pt"),

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from transformer_book import viz
+from transformer_book.book import viz
 from transformer_book.training import History
 
 

@@ -6,7 +6,7 @@ A page opts in with an element ``<div id="live-dates">`` in a markdown cell. The
   (Jupyter Book adds every ``.js``/``.css`` under ``_static/`` to *every* page; this
   extension takes ``live/`` back out of that list);
 * when the HTML build has finished, the model is exported from the checkpoint the
-  package ships today (``transformer_book.export.export_onnx``) into
+  package ships today (``transformer_book.book.export.export_onnx``) into
   ``_static/live/model/``, so the page can never serve a model older than the package;
 * onnxruntime-web's browser files are copied from ``node_modules/`` (installed from
   ``package.json`` by ``npm ci`` in ``scripts/setup.sh``) into ``_static/live/ort/``.
@@ -90,7 +90,7 @@ def _write_live_files(app: Sphinx, exception: Exception | None) -> None:
     import torch
 
     import transformer_book as tb
-    from transformer_book.export import export_onnx
+    from transformer_book.book.export import export_onnx
 
     exported = export_onnx(tb.trained_model("dates", device=torch.device("cpu")), target / "model")
     logging.getLogger(__name__).info(

@@ -1,19 +1,17 @@
 """transformer_book: the encoder–decoder Transformer of "Attention Is All You Need", written to be read.
 
-Each module mirrors a chapter of The Executable Transformer:
+Three rooms:
 
-- ``embedding``   — chapter 1, token ids → vectors × √d_model
-- ``positional``  — chapter 2, sinusoidal positional encoding
-- ``attention``   — chapters 3–4, scaled dot-product and multi-head attention
-- ``masking``     — chapter 5, padding and causal masks (True = may attend)
-- ``layers``, ``encoder`` — chapter 6; ``decoder``, ``model`` — chapter 7
-- ``data``, ``training`` — chapter 8, the copy and dates tasks, label smoothing, the schedule, the loop
-- ``recipes``     — chapter 8, one training recipe per task, and ``trained_model`` (shipped checkpoints)
-- ``inference``   — chapter 9, greedy decoding with a KV cache, beam search
-- ``export``      — chapter 10, the dates model as ONNX graphs for onnxruntime and the browser
-- ``runtime``     — device, seeding (``TRANSFORMER_BOOK_SEED``), versions
-- ``checks``      — the argument checks every public function starts with
-- ``exercises``   — ``check(name, fn)``: a reader's own version against the package's
+- **the lesson**, flat in this folder, one module per chapter (the pages show these files):
+  ``embedding`` (ch. 1), ``positional`` (2), ``attention`` (3–4), ``masking`` (5), ``layers`` and
+  ``encoder`` (6), ``decoder`` and ``model`` (7), ``data``, ``training`` and ``recipes`` (8),
+  ``inference`` (9); with ``checks`` (the argument checks every public function starts with),
+  ``runtime`` (device, seed, glue, ``compile_model``) and ``progress`` (the loop's progress bar);
+- **the book's support**, ``transformer_book.book``: charts, diagrams, the ``exercises`` grader,
+  chapter 0's GRU baselines, chapter 10's ONNX export and the parity with PyTorch's modules;
+- **the tools**, ``transformer_book.tools``: the command-line trainer.
+
+The support and the tools import the lesson; the lesson never imports them.
 
 The model is plain PyTorch. Its speed is PyTorch's (appendix C): it compiles whole with
 ``torch.compile(model, fullgraph=True)`` (``compile_model`` falls back to eager where no
@@ -27,6 +25,15 @@ from .attention import (
     record_attention,
     scaled_dot_product_attention,
 )
+from .book.export import (
+    DecoderGraph,
+    EncoderGraph,
+    OnnxExport,
+    export_onnx,
+    onnx_greedy_decode,
+    onnx_sessions,
+)
+from .book.parity import to_pytorch
 from .checks import (
     check_attention,
     check_decoding,
@@ -52,14 +59,6 @@ from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
 from .decoder import Decoder, DecoderCache, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
-from .export import (
-    DecoderGraph,
-    EncoderGraph,
-    OnnxExport,
-    export_onnx,
-    onnx_greedy_decode,
-    onnx_sessions,
-)
 from .inference import (
     CHECK_EVERY,
     beam_search,
@@ -70,7 +69,6 @@ from .inference import (
 from .layers import FeedForward, sublayer_connection
 from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
 from .model import ModelConfig, Transformer, count_parameters, init_weights, make_model
-from .parity import to_pytorch
 from .positional import PositionalEncoding, sinusoidal_positional_encoding
 from .recipes import RECIPES, Recipe, TrainedModel, recipe, train_recipe, trained_model
 from .runtime import (
@@ -182,10 +180,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``transformer_book.exercises`` is imported on first use: the checker's catalogue is large,
+    """``transformer_book.book.exercises`` is imported on first use: the checker's catalogue is large,
     and a reader who only runs the model never needs it."""
     if name == "exercises":
         import importlib
 
-        return importlib.import_module(".exercises", __name__)
+        return importlib.import_module(".book.exercises", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,1 +1,3 @@
-"""GRU baselines of chapter 0 (scripts/make_baselines.py); read with transformer_book.recurrent.trained_baseline()."""
+"""GRU baselines of chapter 0 (scripts/make_baselines.py).
+
+Read with transformer_book.book.recurrent.trained_baseline()."""

@@ -35,10 +35,10 @@ try:
 except ImportError:  # Python 3.10
     from importlib.abc import Traversable
 
-from .checks import check_positive
-from .data import DateTask
-from .runtime import get_device, seed_everything
-from .training import strip_sequences
+from ..checks import check_positive
+from ..data import DateTask
+from ..runtime import get_device, seed_everything
+from ..training import strip_sequences
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Each chapter ends with an exercise in which the reader writes the chapter's component
 themselves, then runs::
 
-    from transformer_book.exercises import check
+    from transformer_book.book.exercises import check
     check("scaled_dot_product_attention", my_attention)
 
 :func:`check` runs both versions on the same small inputs (random shapes, masks, batch size 1,
@@ -37,16 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import MultiHeadAttention, scaled_dot_product_attention
-from .decoder import DecoderLayer
-from .embedding import TokenEmbedding
-from .encoder import EncoderLayer
-from .inference import beam_search, greedy_decode
-from .layers import sublayer_connection
-from .masking import causal_mask, padding_mask
-from .model import ModelConfig, Transformer
-from .positional import sinusoidal_positional_encoding
-from .training import LabelSmoothingLoss, noam_rate
+from ..attention import MultiHeadAttention, scaled_dot_product_attention
+from ..decoder import DecoderLayer
+from ..embedding import TokenEmbedding
+from ..encoder import EncoderLayer
+from ..inference import beam_search, greedy_decode
+from ..layers import sublayer_connection
+from ..masking import causal_mask, padding_mask
+from ..model import ModelConfig, Transformer
+from ..positional import sinusoidal_positional_encoding
+from ..training import LabelSmoothingLoss, noam_rate
 
 __all__ = ["CheckResult", "Mistake", "Section", "catalogue", "check", "names"]
 

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .checks import check_positive
+from ..checks import check_positive
 
 # Fills per kind of block: (light mode, dark mode).
 PALETTE: dict[str, tuple[str, str]] = {

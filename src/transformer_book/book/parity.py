@@ -13,10 +13,10 @@ import warnings
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
-from .decoder import Decoder, DecoderLayer
-from .encoder import Encoder, EncoderLayer
-from .model import Transformer
+from ..attention import MultiHeadAttention
+from ..decoder import Decoder, DecoderLayer
+from ..encoder import Encoder, EncoderLayer
+from ..model import Transformer
 
 
 @torch.no_grad()

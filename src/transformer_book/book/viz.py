@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .checks import check_positive, require_tensor, shape_of
-from .training import History
+from ..checks import check_positive, require_tensor, shape_of
+from ..training import History
 
 # The model needs none of the chart libraries; the charts need all four (matplotlib and
 # seaborn only inside mask_plot, which imports them itself: seaborn takes about a second).
 for _library in ("altair", "pandas", "matplotlib", "seaborn"):
     if find_spec(_library) is None:
         raise ImportError(
-            f"transformer_book.viz needs the chart libraries ({_library} is missing): "
+            f"transformer_book.book.viz needs the chart libraries ({_library} is missing): "
             'pip install "transformer-book[book]"'
         )
 

@@ -38,11 +38,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .attention import record_attention
-from .data import WORD_SEPARATORS, DateTask, date_to_french
-from .masking import causal_mask, padding_mask
-from .model import Transformer
-from .recipes import TrainedModel
+from ..attention import record_attention
+from ..data import WORD_SEPARATORS, DateTask, date_to_french
+from ..masking import causal_mask, padding_mask
+from ..model import Transformer
+from ..recipes import TrainedModel
 
 # The word-splitting rule of data.split_words, as a regular expression the page can use too
 # (tests/test_export.py checks that both split every date, and odd spacing, the same way).

@@ -3,12 +3,12 @@
 One process::
 
     transformer-book-train --task copy --out copy.pt
-    python -m transformer_book.cli --task copy --out copy.pt   # the same
+    python -m transformer_book.tools.train --task copy --out copy.pt   # the same
 
 Several processes (one per GPU, or several CPU processes talking over gloo)::
 
     torchrun --standalone --nproc_per_node=4 \\
-        -m transformer_book.cli --task dates --out dates.pt
+        -m transformer_book.tools.train --task dates --out dates.pt
 
 Every option left out takes its value from the task's recipe
 (``transformer_book.RECIPES``), the one the book's chapters train with;
@@ -63,12 +63,12 @@ from tqdm import (
     tqdm,
 )  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
 
-from .data import Batch
-from .model import ModelConfig, Transformer, make_model
-from .progress import ProgressBar
-from .recipes import RECIPES, Recipe, Task, held_out_accuracy
-from .runtime import get_device
-from .training import LabelSmoothingLoss, noam_optimizer, train_step, weight_average
+from ..data import Batch
+from ..model import ModelConfig, Transformer, make_model
+from ..progress import ProgressBar
+from ..recipes import RECIPES, Recipe, Task, held_out_accuracy
+from ..runtime import get_device
+from ..training import LabelSmoothingLoss, noam_optimizer, train_step, weight_average
 
 TASKS = tuple(RECIPES)
 
@@ -639,7 +639,7 @@ def train_run(args: argparse.Namespace, rt: ProcessInfo) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m transformer_book.cli``; returns the exit status."""
+    """Entry point of ``python -m transformer_book.tools.train``; returns the exit status."""
     try:
         args = parse_args(argv, world_size_from_env())
         rt = setup_processes(args.bf16)
