@@ -29,11 +29,11 @@ from common import write_results
 
 # --no-taper: these copy runs are stopped at step 300 and resumed to 500, which a schedule that
 # ends at --steps (the recipe's taper) would not allow.
-COPY = ["--task", "copy", "--steps", "500", "--batch-size", "64", "--dropout", "0", "--eval-every", "100",
+COPY = ["--task", "copy", "--max-steps", "500", "--batch-size", "64", "--dropout", "0", "--eval-every", "100",
         "--no-taper"]  # fmt: skip
-DATES = ["--task", "dates", "--steps", "1000", "--batch-size", "64", "--dropout", "0", "--eval-every", "250"]
-TINY = ["--task", "copy", "--steps", "10", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1",
-        "--dropout", "0", "--batch-size", "16", "--eval-every", "2"]  # fmt: skip
+DATES = ["--task", "dates", "--max-steps", "1000", "--batch-size", "64", "--dropout", "0", "--eval-every", "250"]
+TINY = ["--task", "copy", "--max-steps", "10", "--d-model", "32", "--num-heads", "2", "--d-ff", "64",
+        "--num-layers", "1", "--dropout", "0", "--batch-size", "16", "--eval-every", "2"]  # fmt: skip
 SINGLE = [sys.executable, "-m", "transformer_book.tools.train"]
 TWO = ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "transformer_book.tools.train"]
 

@@ -23,7 +23,7 @@ from transformer_book.training import LabelSmoothingLoss
 
 cli = importlib.import_module("transformer_book.tools.train")
 
-TINY = ["--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1", "--eval-size", "8"]
+TINY = ["--d-model", "32", "--num-heads", "2", "--d-ff", "64", "--num-layers", "1", "--eval-size", "8"]
 METRIC_KEYS = {"step", "loss", "lr", "exact_match", "elapsed_s", "world_size"}
 
 
@@ -52,7 +52,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_two_processes_under_torchrun_match_one_process(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    common = ["--task", "copy", "--steps", "12", "--batch-size", "16", "--dropout", "0", "--eval-every", "1", *TINY]
+    common = ["--task", "copy", "--max-steps", "12", "--batch-size", "16", "--dropout", "0", "--eval-every", "1", *TINY]
     one = run_here([*common, "--out", str(tmp_path / "one.pt")], capsys)
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -96,15 +96,16 @@ def test_two_processes_under_torchrun_match_one_process(tmp_path: Path, capsys: 
 
 def test_resume_gives_the_uninterrupted_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # A run of 10 steps stands in for one interrupted at step 10, so the schedule must not end
-    # at --steps (--no-taper); the average is kept and saved, and must resume exactly too.
+    # at --max-steps (--no-taper); the average is kept and saved, and must resume exactly too.
     common = ["--task", "copy", "--batch-size", "8", "--dropout", "0.1", "--eval-every", "5", "--no-taper",
               "--average", "0.9", *TINY]  # fmt: skip
-    whole = run_here([*common, "--steps", "20", "--out", str(tmp_path / "whole.pt")], capsys)
-    first = run_here([*common, "--steps", "10", "--out", str(tmp_path / "half.pt")], capsys)
+    whole = run_here([*common, "--max-steps", "20", "--out", str(tmp_path / "whole.pt")], capsys)
+    first = run_here([*common, "--max-steps", "10", "--out", str(tmp_path / "half.pt")], capsys)
     half = torch.load(tmp_path / "half.pt", weights_only=True)
     assert half["step"] == 10
     rest = run_here(
-        [*common, "--steps", "20", "--resume", str(tmp_path / "half.pt"), "--out", str(tmp_path / "resumed.pt")], capsys
+        [*common, "--max-steps", "20", "--resume", str(tmp_path / "half.pt"), "--out", str(tmp_path / "resumed.pt")],
+        capsys,
     )
 
     assert [r["step"] for r in first + rest] == [5, 10, 15, 20]
@@ -122,7 +123,8 @@ def test_resume_gives_the_uninterrupted_run(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_checkpoint_is_plain_data_that_loads_with_weights_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    run_here(["--task", "copy", "--steps", "2", "--batch-size", "4", *TINY, "--out", str(tmp_path / "c.pt")], capsys)
+    argv = ["--task", "copy", "--max-steps", "2", "--batch-size", "4", *TINY, "--out", str(tmp_path / "c.pt")]
+    run_here(argv, capsys)
     state = torch.load(tmp_path / "c.pt", weights_only=True)
     assert set(state) == cli.CHECKPOINT_KEYS == {
         "model", "average", "optimizer", "schedule", "step", "elapsed_s", "args", "model_config", "world_size"
@@ -177,7 +179,7 @@ def test_dates_task_and_bf16_autocast_run_on_the_cpu(
         transformer_book.recipes, "DateTask", lambda seed=0: DateTask(2000, 2001, held_out=50, seed=seed)
     )
     records = run_here(
-        ["--task", "dates", "--steps", "3", "--batch-size", "4", "--bf16", *TINY, "--out", str(tmp_path / "d.pt")],
+        ["--task", "dates", "--max-steps", "3", "--batch-size", "4", "--bf16", *TINY, "--out", str(tmp_path / "d.pt")],
         capsys,
     )
     assert [r["step"] for r in records] == [3]
@@ -188,20 +190,20 @@ def test_dates_task_and_bf16_autocast_run_on_the_cpu(
     ("extra", "world_size", "message"),
     [
         (["--batch-size", "15"], 2, "--batch-size=15 must be divisible"),
-        (["--steps", "0"], 1, "--steps must be a positive"),
-        (["--d-model", "30", "--heads", "4"], 1, "--d-model=30 is not divisible by --heads=4"),
+        (["--max-steps", "0"], 1, "--max-steps must be a positive"),
+        (["--d-model", "30", "--num-heads", "4"], 1, "--d-model=30 is not divisible by --num-heads=4"),
         (["--d-model", "0"], 1, "--d-model must be a positive"),
         (["--dropout", "1.0"], 1, "--dropout must be in"),
         (["--lr-factor", "-1"], 1, "--lr-factor"),
         (["--eval-every", "-5"], 1, "--eval-every"),
-        (["--average", "1.5"], 1, "--average must be 0 \\(none\\) or a decay in \\(0, 1\\), got 1.5"),
+        (["--average", "1.5"], 1, "--average must be 0 or in \\(0, 1\\), got 1.5"),
         (["--resume", "no/such/file.pt"], 1, "--resume=no/such/file.pt"),
     ],
 )
 def test_bad_arguments_raise_value_errors_naming_the_option(
     extra: list[str], world_size: int, message: str, tmp_path: Path
 ) -> None:
-    argv = ["--task", "copy", "--steps", "4", "--batch-size", "8", "--out", str(tmp_path / "x.pt"), *extra]
+    argv = ["--task", "copy", "--max-steps", "4", "--batch-size", "8", "--out", str(tmp_path / "x.pt"), *extra]
     with pytest.raises(ValueError, match=message):
         cli.parse_args(argv, world_size=world_size)
 
@@ -211,20 +213,20 @@ def test_command_line_reports_errors_and_refuses_a_foreign_checkpoint(
 ) -> None:
     base = ["--task", "copy", "--batch-size", "4", *TINY, "--out", str(tmp_path / "c.pt")]
     with pytest.raises(SystemExit) as exit_info:
-        cli.main([*base, "--steps", "-1"])
-    assert exit_info.value.code == 2 and "--steps must be a positive integer" in capsys.readouterr().err
+        cli.main([*base, "--max-steps", "-1"])
+    assert exit_info.value.code == 2 and "--max-steps must be a positive integer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main([*base[:-2], "--steps", "2"])  # no --out
+        cli.main([*base[:-2], "--max-steps", "2"])  # no --out
     assert "--out" in capsys.readouterr().err
 
-    run_here([*base, "--steps", "2"], capsys)
+    run_here([*base, "--max-steps", "2"], capsys)
     resume = ["--resume", str(tmp_path / "c.pt")]
-    assert cli.main([*base, "--steps", "4", "--d-model", "64", *resume]) == 2
+    assert cli.main([*base, "--max-steps", "4", "--d-model", "64", *resume]) == 2
     assert "--d-model=64 but the checkpoint" in capsys.readouterr().err
-    assert cli.main([*base, "--steps", "2", *resume]) == 2
+    assert cli.main([*base, "--max-steps", "2", *resume]) == 2
     assert "already at step 2" in capsys.readouterr().err
-    assert cli.main([*base, "--steps", "4", *resume]) == 2  # the taper ends the schedule at --steps=2
-    assert "--steps (with --taper)=4 but the checkpoint" in capsys.readouterr().err
+    assert cli.main([*base, "--max-steps", "4", *resume]) == 2  # the taper ends the schedule at --max-steps=2
+    assert "--max-steps (with --taper)=4 but the checkpoint" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "foreign", "not a dict"])
@@ -232,7 +234,7 @@ def test_resume_refuses_a_file_that_is_not_this_trainers_checkpoint(
     damage: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     base = ["--task", "copy", "--batch-size", "4", *TINY, "--out", str(tmp_path / "c.pt")]
-    run_here([*base, "--steps", "2"], capsys)
+    run_here([*base, "--max-steps", "2"], capsys)
     bad = tmp_path / "bad.pt"
     if damage == "truncated":
         bad.write_bytes((tmp_path / "c.pt").read_bytes()[:5000])
@@ -242,7 +244,7 @@ def test_resume_refuses_a_file_that_is_not_this_trainers_checkpoint(
         torch.save({"weights": torch.zeros(3), "epoch": 7}, bad)  # another program's checkpoint
     else:
         torch.save([1, 2, 3], bad)
-    assert cli.main([*base, "--steps", "4", "--resume", str(bad)]) == 2
+    assert cli.main([*base, "--max-steps", "4", "--resume", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--resume={bad}" in err, err  # one line, naming the file
     assert "Traceback" not in err and "weights_only=False" not in err, err

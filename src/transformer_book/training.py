@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .checks import (
@@ -165,7 +166,7 @@ def check_batch(batch: Batch, config: ModelConfig) -> None:
 
 
 def fit(
-    model: Transformer,
+    model: nn.Module,
     next_batch: Callable[[int], Batch],
     steps: int,
     optimizer: torch.optim.Optimizer,
@@ -178,56 +179,72 @@ def fit(
     clip_norm: float | None = None,
     bf16: bool = False,
     average: float | None = None,
+    *,
+    start_step: int = 0,
+    averaged: AveragedModel | None = None,
+    loss_scale: Callable[[Batch], float] | None = None,
+    after_eval: Callable[[int, History], None] | None = None,
 ) -> History:
-    """Train for ``steps`` steps of :func:`train_step` and return the :class:`History`.
+    """Train from step ``start_step + 1`` to ``steps`` with :func:`train_step`; return the
+    :class:`History`. This is the one loop that trains the Transformer: the chapters, the
+    recipes and the command-line trainer (alone or under torchrun) all run it.
 
-    ``next_batch(step)`` gives each step's :class:`~transformer_book.data.Batch` (moved to the model's
-    device here). ``evaluate(model)`` returns a metric such as exact-match
-    accuracy; it runs every ``eval_every`` steps, and training stops early once it
-    reaches ``stop_at``. ``clip_norm`` caps the gradient norm; ``bf16`` trains under
-    bfloat16 autocast. With ``average`` (a decay, e.g. 0.99) a :func:`weight_average` of the
-    weights is kept: ``evaluate`` scores the average, and ``history.averaged`` holds it
-    (``model`` itself keeps the last update's weights). A progress bar shows the loss and the learning rate.
+    ``next_batch(step)`` gives each step's :class:`~transformer_book.data.Batch`; its ids are
+    checked where they are, then it is moved to the model's device. ``model`` may be wrapped
+    (``DistributedDataParallel``): the wrapper trains, the module inside is averaged and
+    scored. ``evaluate(model)`` returns a metric such as exact match on a *validation* set;
+    it runs every ``eval_every`` steps and at the last, and training stops once it reaches
+    ``stop_at``. ``clip_norm`` caps the gradient norm; ``bf16`` trains under bfloat16 autocast.
+    With ``average`` (a decay, e.g. 0.99) a :func:`weight_average` is kept: ``evaluate``
+    scores it and ``history.averaged`` holds it; ``averaged`` continues one (a resumed run).
+    ``loss_scale(batch)`` multiplies each step's loss (a process's share under torchrun);
+    ``after_eval(step, history)`` runs at every evaluation step, after the evaluation (a
+    checkpoint). A progress bar shows the loss and the learning rate.
     """
     check_positive(steps, "steps")
-    device = next(model.parameters()).device
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    device = next(inner.parameters()).device
     loss_fn = loss_fn or LabelSmoothingLoss(
-        model.config.tgt_vocab_size, 0.1, model.config.pad_id
+        inner.config.tgt_vocab_size, 0.1, inner.config.pad_id
     )
     history = History()
-    averaged = weight_average(model, average) if average is not None else None
+    if averaged is None and average is not None:
+        averaged = weight_average(inner, average)
     start = time.perf_counter()
-    # A terminal gets tqdm's bar on stderr; a notebook one output redrawn in place, which ends
-    # as a one-line summary (the built page shows that line, not every redraw).
+    # A terminal gets tqdm's bar on stderr; a notebook one output redrawn in place, which
+    # ends as a one-line summary (the built page shows that line, not every redraw).
     figures: dict[str, str] = {}
-    with ProgressBar(steps, desc="training", unit="step", enabled=progress) as bar:
-        for step in range(1, steps + 1):
+    bar = ProgressBar(
+        steps, desc="training", unit="step", initial=start_step, enabled=progress
+    )
+    with bar:
+        for step in range(start_step + 1, steps + 1):
             batch = next_batch(step)
             check_batch(
-                batch, model.config
+                batch, inner.config
             )  # once, where the ids are (the CPU, usually)
+            scale = loss_scale(batch) if loss_scale is not None else 1.0
             with trusted_ids():  # so the model need not read them back from the device
                 loss, lr = train_step(
                     model, batch.to(device), loss_fn, optimizer, schedule,
-                    clip_norm=clip_norm, bf16=bf16,
+                    clip_norm=clip_norm, loss_scale=scale, bf16=bf16,
                 )  # fmt: skip
             history.step.append(step)
-            history.loss.append(loss.item())
+            history.loss.append(loss.item())  # times loss_scale, as it was trained
             history.lr.append(lr)
             if averaged is not None:
-                averaged.update_parameters(model)
+                averaged.update_parameters(inner)
             figures.update(loss=f"{history.loss[-1]:.3f}", lr=f"{lr:.2e}")
             stop = False
-            if (
-                evaluate is not None
-                and eval_every
-                and (step % eval_every == 0 or step == steps)
-            ):
-                metric = evaluate(model if averaged is None else averaged.module)
-                history.eval_step.append(step)
-                history.eval_metric.append(metric)
-                figures["metric"] = f"{metric:.3f}"
-                stop = stop_at is not None and metric >= stop_at
+            if (eval_every and step % eval_every == 0) or step == steps:
+                if evaluate is not None:
+                    metric = evaluate(inner if averaged is None else averaged.module)
+                    history.eval_step.append(step)
+                    history.eval_metric.append(metric)
+                    figures["metric"] = f"{metric:.3f}"
+                    stop = stop_at is not None and metric >= stop_at
+                if after_eval is not None:
+                    after_eval(step, history)
             bar.set_postfix(**figures)
             bar.update(1)
             if stop:
