@@ -109,6 +109,20 @@ CASES = {
     ),
     "not a tensor": (lambda m: tb.padding_mask([[1, 2, 0]]), r"tokens must be a torch.Tensor, got list"),
     "causal mask of size 0": (lambda m: tb.causal_mask(0), r"size must be a positive integer, got 0"),
+    "logits of another vocabulary": (
+        lambda m: tb.LabelSmoothingLoss(11)(torch.randn(2, 5, 12), ids),
+        r"logits \(2, 5, 12\) must be target \(2, 5\) plus a last axis of vocab_size=11",
+    ),
+    "smoothing over a vocabulary of two": (lambda m: tb.LabelSmoothingLoss(2), r"vocab_size must be at least 3"),
+    "no warm-up": (lambda m: tb.noam_optimizer(m, 64, warmup=0), r"warmup must be a positive integer, got 0"),
+    "a float position from a cache": (
+        lambda m: m.positional(torch.randn(1, 1, 64), offset=torch.tensor(2.0)),
+        r"offset must be an int or a 0-d integer tensor, got torch.float32",
+    ),
+    "a cache beyond max_len": (
+        lambda m: m.decode(torch.randn(2, 4, 64), ids[:, :1], cache=m.decoder.new_cache(torch.randn(2, 4, 64), 20)),
+        r"tgt \(2, 1\) and a cache of capacity 20: .* max_len=16",
+    ),
 }
 
 
@@ -119,8 +133,34 @@ def test_bad_input_raises_value_error_naming_argument_and_shape(case, model):
         call(model)
 
 
-def test_at_least_twelve_distinct_cases():
-    assert len(CASES) >= 12
+def test_every_check_helper_is_the_one_that_raises_in_some_case(model, monkeypatch):
+    """Each public ``check_*`` helper that the package's code calls is the helper that raises in at
+    least one case above: no check is dead, and no case is caught by something else."""
+    import sys
+
+    helpers = [name for name in dir(tb.checks) if name.startswith("check_")]
+    raised: set[str] = set()
+
+    def recording(name, helper):
+        def call(*args, **kwargs):
+            try:
+                return helper(*args, **kwargs)
+            except ValueError:
+                raised.add(name)
+                raise
+
+        return call
+
+    originals = {name: getattr(tb.checks, name) for name in helpers}
+    modules = [m for n, m in sys.modules.items() if n == "transformer_book" or n.startswith("transformer_book.")]
+    for module in modules:
+        for name, helper in originals.items():
+            if getattr(module, name, None) is helper:
+                monkeypatch.setattr(module, name, recording(name, helper))
+    for call, _ in CASES.values():
+        with pytest.raises(ValueError):
+            call(model)
+    assert set(helpers) == raised, sorted(set(helpers) - raised)
 
 
 def test_masks_cannot_be_passed_by_position(model):

@@ -163,9 +163,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         check_heads_input(query, key, value, mask, self.d_model, self.num_heads, cache)
         q = self.split_heads(self.q_proj(query))  # (B, heads, q_len, d_head)
-        k, v = self.keys_values(
-            key, value, cache, position
-        )  # (B, heads, k_len, d_head)
+        k, v = self.keys_values(key, value, cache, position)  # (B, heads, keys, d_head)
         mask = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
         p = self.dropout if self.training else 0.0
         if need_weights or self.record_weights:

@@ -63,13 +63,19 @@ def check_probability(value: float, name: str) -> None:
 
 
 def check_embedding(
-    vocab_size: int, d_model: int, padding_idx: int | None = None
+    vocab_size: int,
+    d_model: int,
+    padding_idx: int | None = None,
+    name: str = "padding_idx",
 ) -> None:
-    """An embedding table's sizes: positive, and ``padding_idx`` (if any) an id of the vocabulary."""
+    """An embedding table's sizes: positive, and ``padding_idx`` (if any; called ``name`` in
+    the message) an id of the vocabulary."""
     check_positive(vocab_size, "vocab_size")
     check_positive(d_model, "d_model")
     if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-        raise ValueError(f"padding_idx must be in [0, {vocab_size}), got {padding_idx}")
+        raise ValueError(
+            f"{name}={padding_idx} must be in [0, {vocab_size}), the vocabulary's ids"
+        )
 
 
 def check_encoding(max_len: int, d_model: int) -> None:

@@ -7,9 +7,11 @@ from dataclasses import dataclass, replace
 from torch import Tensor, nn
 
 from .checks import (
+    check_embedding,
+    check_encoding,
     check_mask,
     check_positive,
-    check_probability,
+    check_sizes,
     check_target,
     check_tokens,
 )
@@ -39,34 +41,17 @@ class ModelConfig:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        for name in (
-            "src_vocab_size",
-            "tgt_vocab_size",
-            "d_model",
-            "num_heads",
-            "d_ff",
-            "num_layers",
-            "max_len",
-        ):
-            check_positive(getattr(self, name), name)
-        check_probability(self.dropout, "dropout")
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
-            )
-        if self.d_model % 2:
-            raise ValueError(
-                f"d_model must be even for the sinusoidal positional encoding, got {self.d_model}"
-            )
-        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
-            raise ValueError(
-                f"pad_id={self.pad_id} must be an id of both vocabularies "
-                f"(src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size})"
-            )
-        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+        c = self
+        check_embedding(c.src_vocab_size, c.d_model, c.pad_id, "pad_id")
+        check_embedding(c.tgt_vocab_size, c.d_model, c.pad_id, "pad_id")
+        check_encoding(c.max_len, c.d_model)  # even: a sine and a cosine per frequency
+        check_sizes(c.d_model, c.num_heads, c.dropout)
+        check_positive(c.d_ff, "d_ff")
+        check_positive(c.num_layers, "num_layers")
+        if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
             raise ValueError(
                 "share_embeddings needs one vocabulary, got "
-                f"src_vocab_size={self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}"
+                f"src_vocab_size={c.src_vocab_size} and tgt_vocab_size={c.tgt_vocab_size}"
             )
 
     @property

@@ -42,9 +42,8 @@ class LabelSmoothingLoss(nn.Module):
 
     def target_distribution(self, target: Tensor) -> Tensor:
         """What each position is trained towards: ``target.shape + (vocab_size,)``."""
-        share = self.smoothing / (
-            self.vocab_size - 2
-        )  # not the right token, not padding
+        # Spread over the wrong tokens: not the right one, not padding.
+        share = self.smoothing / (self.vocab_size - 2)
         dist = torch.full((*target.shape, self.vocab_size), share, device=target.device)
         dist.scatter_(-1, target.unsqueeze(-1), 1.0 - self.smoothing)
         dist[..., self.pad_id] = 0.0
@@ -97,8 +96,9 @@ def noam_optimizer(
     fused = all(p.device.type in ("cpu", "cuda") for p in parameters) or None
     optimizer = torch.optim.Adam(parameters, 1.0, (0.9, 0.98), eps, fused=fused)
 
-    def rate(step: int) -> float:  # LambdaLR counts from 0, the paper from 1
-        return noam_rate(step + 1, d_model, warmup, factor, total_steps)
+    # LambdaLR passes the number of updates done; the paper counts the next one from 1.
+    def rate(done: int) -> float:
+        return noam_rate(done + 1, d_model, warmup, factor, total_steps)
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
 
@@ -220,9 +220,7 @@ def fit(
     with bar:
         for step in range(start_step + 1, steps + 1):
             batch = next_batch(step)
-            check_batch(
-                batch, inner.config
-            )  # once, where the ids are (the CPU, usually)
+            check_batch(batch, inner.config)  # where the ids are (the CPU, usually)
             scale = loss_scale(batch) if loss_scale is not None else 1.0
             with trusted_ids():  # so the model need not read them back from the device
                 loss, lr = train_step(
