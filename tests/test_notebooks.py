@@ -123,3 +123,74 @@ def test_notebook_executes(notebook, executions, record_property):
     NOTEBOOK_TIMES[notebook] = seconds
     record_property("wall_time_s", round(seconds, 2))
     print(f"{notebook}: {seconds:.1f}s (TRANSFORMER_BOOK_DEVICE={os.environ.get('TRANSFORMER_BOOK_DEVICE', '')!r})")
+
+
+HIDDEN = {"hide-input", "remove-input", "remove-cell"}
+# What a chart, a table or an image hands the page: anything richer than plain text.
+RICH = {"text/html", "image/png", "image/svg+xml", "application/vnd.vegalite.v5+json", "text/markdown"}
+
+
+@pytest.mark.parametrize("notebook", TOC_NOTEBOOKS)
+def test_no_hidden_cell_prints_a_bare_value(notebook, executions):
+    """A cell whose input is hidden or removed shows its output on the page without the code that
+    made it: a bare number or repr there ("0.1949317738791423") means nothing to a reader. Charts,
+    tables and deliberate printed lines (a stream) are fine; a plain-text result is not."""
+    project, cached = executions[notebook]
+    assert cached is not None, f"{notebook} failed in the book build"
+    stray = []
+    for index, cell in enumerate(cached.nb.cells):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.cell_type != "code" or not tags & HIDDEN:
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "execute_result" and not set(output.get("data", {})) & RICH:
+                stray.append(f"cell {index}: {str(output['data'].get('text/plain'))[:60]!r}")
+    assert not stray, f"{notebook}: hidden cells print bare values: {stray}"
+
+
+#: A graded part, and the names under which the package's version of it can be shown.
+PACKAGE_VERSIONS = {
+    "sinusoidal_positional_encoding": ("sinusoidal_positional_encoding", "pe_vectorised"),
+    "MultiHeadAttention": ("MultiHeadAttention", "MultiHeadAttention.forward"),
+    "EncoderLayer": ("EncoderLayer", "EncoderLayer.forward"),
+    "DecoderLayer": ("DecoderLayer", "DecoderLayer.forward"),
+}
+BUILD_IT = re.compile(r"exercise-start\}\s*Build it")
+CHECKED = re.compile(r"""check\(\s*["'](\w+)["']""")
+
+
+def shown_above(cells: list, names: tuple[str, ...]) -> list[str]:
+    """Where ``cells`` show one of ``names`` on the page: a literalinclude of it outside a folded
+    block, or a visible code cell that prints its source."""
+    found = []
+    for index, cell in enumerate(cells):
+        text = cell.source
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.cell_type == "markdown":
+            for block in re.split(r"(?m)^(?=```|:::)", text):
+                folded = re.search(r"\{dropdown\}|\{toggle\}|:class: dropdown|\{solution", block)
+                for name in names:
+                    if re.search(rf":pyobject: {re.escape(name)}\s*$", block, re.M) and not folded:
+                        found.append(f"cell {index}: literalinclude {name}")
+        elif cell.cell_type == "code" and not tags & HIDDEN:
+            for name in names:
+                short = re.escape(name.split(".")[-1])
+                if re.search(rf"getsource\([\w.]*\b{short}\b|^def {short}\(", text, re.M):
+                    found.append(f"cell {index}: shows {name}")
+    return found
+
+
+@pytest.mark.parametrize("notebook", [n for n in TOC_NOTEBOOKS if re.match(r"chapters/\d\d_", n)])
+def test_every_build_it_is_built_before_it_is_seen(notebook):
+    """Above each Build it, no listing outside a folded block and no visible cell shows the
+    package's version of the part it asks for (issue 42: the reader writes it first)."""
+    cells = nbformat.read(BOOK_ROOT / notebook, as_version=4).cells
+    problems = []
+    for index, cell in enumerate(cells):
+        if cell.cell_type != "markdown" or not BUILD_IT.search(cell.source):
+            continue
+        after = "\n".join(c.source for c in cells[index : index + 4])
+        for part in CHECKED.findall(after)[:1]:
+            names = PACKAGE_VERSIONS.get(part, (part,))
+            problems += [f"{part}: {where}" for where in shown_above(cells[:index], names)]
+    assert not problems, f"{notebook}: a Build it's part is shown above it: {problems}"
