@@ -1,0 +1,264 @@
+"""Graded parts: DecoderLayer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...decoder import DecoderLayer
+from ...masking import causal_mask
+from .engine import (
+    Case,
+    Part,
+    _build_layer,
+    _call,
+    _display,
+    _generator,
+    _named,
+    _random_state,
+)
+from .results import Mistake
+from .sections import (
+    _CH6_SUBLAYER,
+    _CH7_CROSS,
+    _CH7_LAYER,
+    _CH7_MASKED,
+)
+
+
+def _decoder_cases() -> list[Case]:
+    """Masks come only with a memory as long as x, so that a version that gives each mask to the
+    other attention still runs (and differs); the inputs without masks have lengths that differ."""
+
+    def make(
+        offset: int,
+        shape: tuple[int, int, int],
+        norm_first: bool,
+        masks: bool = False,
+        dtype=torch.float32,
+    ):
+        batch, tgt_len, src_len = shape
+
+        def inputs() -> dict[str, Any]:
+            g = _generator(700 + offset)
+            state = _random_state(DecoderLayer(8, 2, 16, 0.0, norm_first), g)
+            x = 2.0 * torch.randn(batch, tgt_len, 8, generator=g, dtype=torch.float64)
+            memory = torch.randn(batch, src_len, 8, generator=g, dtype=torch.float64)
+            src_mask = tgt_mask = None
+            if masks:
+                tgt_mask = causal_mask(tgt_len)
+                lengths = torch.arange(batch) % 2 + src_len - 1 if src_len > 1 else 1
+                src_mask = (torch.arange(src_len) < torch.as_tensor(lengths)[:, None])[
+                    :, None, :
+                ]
+            return dict(
+                state=state,
+                x=(x + 0.5).to(dtype),
+                memory=(1.5 * memory - 0.3).to(dtype),
+                src_mask=src_mask,
+                tgt_mask=tgt_mask,
+                norm_first=norm_first,
+                dtype=dtype,
+            )
+
+        return inputs
+
+    pre = ("norm_first",)
+    return [
+        Case(
+            "post-norm, d_model 8, 2 heads, d_ff 16, x (2, 4, 8), memory (2, 3, 8)",
+            make(1, (2, 4, 3), False),
+        ),
+        Case(
+            "post-norm, tgt_mask causal_mask(4), a source padding mask (2, 1, 4)",
+            make(2, (2, 4, 4), False, True),
+        ),
+        Case(
+            "post-norm, batch 1, length 1, memory (1, 3, 8)", make(3, (1, 1, 3), False)
+        ),
+        Case(
+            "post-norm, float64, causal_mask(5), a source padding mask (2, 1, 5)",
+            make(4, (2, 5, 5), False, True, torch.float64),
+        ),
+        Case(
+            "pre-norm (norm_first=True), causal_mask(4), a source padding mask (2, 1, 4)",
+            make(5, (2, 4, 4), True, True),
+            needs=pre,
+        ),
+        Case(
+            "pre-norm, float64, x (2, 3, 8), memory (2, 5, 8)",
+            make(6, (2, 3, 5), True, False, torch.float64),
+            needs=pre,
+        ),
+    ]
+
+
+def _run_decoder(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    module, missing = _build_layer(cls, (8, 2, 16), inputs)
+    masks = {
+        name: inputs[name]
+        for name in ("src_mask", "tgt_mask")
+        if inputs[name] is not None
+    }
+    output = _call(
+        f"Your {_display(cls)}'s forward",
+        module,
+        inputs["x"],
+        inputs["memory"],
+        **masks,
+    )
+    return {"missing parameters": missing, **_named(output, ("output",))}
+
+
+def _decoder_variant(
+    flip: bool = False,
+    residual: bool = True,
+    norms: tuple[int, int, int] = (0, 1, 2),
+    causal: bool = True,
+    swap_masks: bool = False,
+    cross_reads: str = "memory",
+    cross_first: str = "",
+) -> type:
+    """A decoder layer (eval mode, so without dropout) with one thing changed. ``norms`` says
+    which LayerNorm each sublayer uses; ``cross_reads`` is "memory", "itself" or
+    "normalised memory" (the memory through the cross-attention's own norm, in pre-norm)."""
+
+    class Variant(DecoderLayer):
+        def forward(
+            self,
+            x: Tensor,
+            memory: Tensor,
+            *,
+            src_mask: Tensor | None = None,
+            tgt_mask: Tensor | None = None,
+            cache: Any = None,
+        ) -> Tensor:
+            pre = self.norm_first != flip
+            layer_norms = (self.norm1, self.norm2, self.norm3)
+            norm1, norm2, norm3 = (layer_norms[i] for i in norms)
+            self_mask, cross_mask = (
+                (src_mask, tgt_mask) if swap_masks else (tgt_mask, src_mask)
+            )
+
+            def attend(h: Tensor, norm: Callable) -> Tensor:
+                return self.self_attn(h, h, h, self_mask if causal else None)[0]
+
+            def cross(h: Tensor, norm: Callable) -> Tensor:
+                kv = memory
+                if cross_reads == "itself":
+                    kv = h
+                elif cross_reads == "normalised memory" and pre:
+                    kv = norm(memory)
+                return self.cross_attn(h, kv, kv, cross_mask)[0]
+
+            def feed_forward(h: Tensor, norm: Callable) -> Tensor:
+                return self.feed_forward(h)
+
+            steps = [(attend, norm1), (cross, norm2), (feed_forward, norm3)]
+            if cross_first == "with_norms":
+                steps = [steps[1], steps[0], steps[2]]
+            elif cross_first == "in_place":
+                steps = [(cross, norm1), (attend, norm2), (feed_forward, norm3)]
+            for f, norm in steps:
+                if pre:
+                    out = f(norm(x), norm)
+                    x = x + out if residual else out
+                else:
+                    out = f(x, norm)
+                    x = norm(x + out) if residual else norm(out)
+            return x
+
+    return Variant
+
+
+_DECODER_MISTAKES = (
+    Mistake(
+        "pre_post_swapped",
+        "norm_first=False normalises each sublayer's input and norm_first=True the sum; post-norm (the "
+        "paper's, norm_first=False) is norm(x + sublayer(x))",
+        (_decoder_variant(flip=True),),
+        section=_CH6_SUBLAYER,
+        did="swapped the two branches of norm_first",
+    ),
+    Mistake(
+        "missing_residual",
+        "the sublayers' inputs are not added back (no residual connections)",
+        (_decoder_variant(residual=False),),
+        section=_CH6_SUBLAYER,
+        did="left out the residual connections",
+    ),
+    Mistake(
+        "norms_swapped",
+        "the three LayerNorms are used in another order; norm1 belongs to the self-attention, norm2 to "
+        "the cross-attention and norm3 to the feed-forward network",
+        tuple(
+            _decoder_variant(norms=order)
+            for order in ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1))
+        ),
+        section=_CH7_LAYER,
+        did="used the three LayerNorms in another order",
+    ),
+    Mistake(
+        "causal_mask_ignored",
+        "tgt_mask is not passed to the self-attention, so every target position also reads the "
+        "positions after it",
+        (_decoder_variant(causal=False),),
+        section=_CH7_MASKED,
+        did="called the self-attention without tgt_mask",
+    ),
+    Mistake(
+        "masks_swapped",
+        "src_mask is given to the self-attention and tgt_mask to the cross-attention; tgt_mask hides "
+        "the target's future from its self-attention, src_mask the source's padding from the "
+        "cross-attention",
+        (_decoder_variant(swap_masks=True),),
+        section=_CH7_LAYER,
+        did="gave src_mask to the self-attention and tgt_mask to the cross-attention",
+    ),
+    Mistake(
+        "cross_attention_on_itself",
+        "the cross-attention takes its keys and values from the decoder's own states instead of the "
+        "encoder's memory, so the layer never reads the source",
+        (_decoder_variant(cross_reads="itself"),),
+        section=_CH7_CROSS,
+        did="gave the cross-attention x as its keys and values",
+    ),
+    Mistake(
+        "sublayers_reordered",
+        "the cross-attention runs before the masked self-attention; the layer first attends to the "
+        "target's own past, then to the memory, then transforms each position",
+        (
+            _decoder_variant(cross_first="with_norms"),
+            _decoder_variant(cross_first="in_place"),
+        ),
+        section=_CH7_LAYER,
+        did="ran the cross-attention before the self-attention",
+    ),
+    Mistake(
+        "memory_normalised",
+        "pre-norm passes the memory through the cross-attention's LayerNorm too; norm2 normalises "
+        "the decoder's queries only, the memory is the encoder's output as it is",
+        (_decoder_variant(cross_reads="normalised memory"),),
+        section=_CH7_CROSS,
+        did="passed the memory through norm2 as well",
+    ),
+)
+
+
+PARTS = (
+    Part(
+        "DecoderLayer",
+        "class",
+        DecoderLayer,
+        "class (d_model, num_heads, d_ff, dropout=0.1, norm_first=False) with self_attn, cross_attn, "
+        "feed_forward, norm1, norm2, norm3; forward(x, memory, *, src_mask=None, tgt_mask=None)",
+        _CH7_LAYER,
+        _decoder_cases,
+        _run_decoder,
+        _DECODER_MISTAKES,
+        axes={"output": ("batch", "position", "feature")},
+    ),
+)
