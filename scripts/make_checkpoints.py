@@ -2,7 +2,8 @@
 
     python scripts/make_checkpoints.py            # every recipe that ships a checkpoint
 
-Each is trained on the CPU by the package's own recipe with seed 0 (`train_recipe`),
+Each is trained on the CPU by the package's own recipe with seed 0 (`train_recipe`: it stops
+on the validation set, then scores the test set once; both scores are stored),
 saved with only tensors, strings and numbers (so `torch.load(weights_only=True)` reads
 it), and its SHA-256 is written to SHA256SUMS, which `trained_model` checks on loading.
 Run it again whenever a recipe changes: `trained_model` refuses a checkpoint whose
@@ -30,13 +31,19 @@ def main() -> int:
     sums = {}
     for name in SHIPPED:
         trained = tb.train_recipe(name, seed=0, device=torch.device("cpu"), progress=True)
-        assert trained.accuracy >= trained.recipe.target, (name, trained.accuracy)
+        # Training stopped when the validation set reached the target; the test set,
+        # scored once afterwards, must come close (within 1%) to show the model learned.
+        assert trained.validation >= trained.recipe.target, (name, trained.validation)
+        assert trained.accuracy >= trained.recipe.target - 0.01, (name, trained.accuracy)
         buffer = io.BytesIO()
         torch.save(checkpoint_state(trained), buffer)
         data = buffer.getvalue()
         (FOLDER / f"{name}.pt").write_bytes(data)
         sums[f"{name}.pt"] = checkpoint_digest(data)
-        print(f"{name}: exact match {trained.accuracy:.4f} after {trained.steps} steps; {len(data) / 1024:.0f} KiB")
+        print(
+            f"{name}: exact match {trained.validation:.4f} (validation), {trained.accuracy:.4f} (test) "
+            f"after {trained.steps} steps; {len(data) / 1024:.0f} KiB"
+        )
     (FOLDER / "SHA256SUMS").write_text("".join(f"{digest}  {file}\n" for file, digest in sorted(sums.items())))
     return 0
 

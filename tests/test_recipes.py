@@ -66,7 +66,9 @@ def test_train_recipe_returns_the_average_it_evaluated(monkeypatch: pytest.Monke
     run = tb.train_recipe("copy", seed=3, until_target=False, device=CPU)
     assert run.history.averaged is run.model and not run.model.training
     assert run.steps == 60 and run.history.eval_step == [20, 40, 60]
-    assert run.accuracy == run.history.eval_metric[-1] == tb.recipes.held_out_accuracy(run.model, run.task)
+    # Validation chose (it is what fit evaluated); the test set was scored once, afterwards.
+    assert run.validation == run.history.eval_metric[-1] == tb.recipes.validation_accuracy(run.model, run.task)
+    assert run.accuracy == tb.recipes.test_accuracy(run.model, run.task)
     assert run.history.lr[-1] == pytest.approx(short.rate(60)) and short.rate(60) == 0.0  # the taper
 
 
@@ -77,8 +79,12 @@ def test_chapter_8_trains_dates_on_the_code_path_of_train_recipe(monkeypatch: py
     short = dataclasses.replace(tb.recipe("dates"), max_steps=6, eval_every=3, target=1.01)
     monkeypatch.setitem(tb.RECIPES, "dates", short)
     chapter = nbformat.read(REPO_ROOT / "chapters" / "08_training.ipynb", as_version=4)
-    [cell] = [c.source for c in chapter.cells if c.cell_type == "code" and "dates_history = fit(" in c.source]
-    cut = cell.replace("assert dates_acc >= r.target", "pass  # not after 6 steps:")  # the full recipe's claim
+    code = [c.source for c in chapter.cells if c.cell_type == "code"]
+    [fit_at] = [i for i, source in enumerate(code) if "dates_history = fit(" in source]
+    assert code[fit_at - 1].startswith('r = recipe("dates")')  # the run's set-up, in the cell before
+    cell = code[fit_at - 1] + "\n" + code[fit_at]
+    # the full recipe's claims, not true after 6 steps
+    cut = cell.replace("assert dates_", "pass  # not after 6 steps: assert dates_")
     namespace = {"SEED": 0, "device": CPU, "random": random, "torch": torch}
     namespace.update({name: getattr(tb, name) for name in tb.__all__ if name != "exercises"})
     exec(cut, namespace)
@@ -88,17 +94,49 @@ def test_chapter_8_trains_dates_on_the_code_path_of_train_recipe(monkeypatch: py
     for name, weights in chapter_weights.items():
         assert torch.equal(weights, recipe_weights[name]), name
     assert namespace["dates_history"].eval_metric == run.history.eval_metric
+    assert namespace["dates_acc"] == run.accuracy and namespace["dates_val"] == run.validation
     script = (REPO_ROOT / "scripts" / "make_checkpoints.py").read_text()
     assert 'tb.train_recipe(name, seed=0, device=torch.device("cpu")' in script
+
+
+@pytest.mark.parametrize("name", ["copy", "dates"])
+def test_train_validation_and_test_sets_are_disjoint(name: str):
+    """Disjoint by construction: the two held-out sets share nothing, and no training batch
+    holds an example of either (the copy task draws such a sequence again)."""
+    task = tb.recipe(name).make_task(3)
+    rows = lambda t: {tuple(row) for row in t.tolist()}  # noqa: E731
+    test, validation = rows(task.test_set()[0]), rows(task.validation_set()[0])
+    assert len(test) == len(task.test_set()[0]) and len(validation) == len(task.validation_set()[0])
+    assert not test & validation
+    rng = random.Random(4)
+    seen = set().union(*(rows(task.train_batch(256, rng).src) for _ in range(20)))
+    assert not seen & (test | validation)
+    if name == "dates":
+        assert not set(task.train_dates) & (set(task.test_dates) | set(task.validation_dates))
+
+
+def test_copy_training_draws_a_held_out_sequence_again():
+    """With 5 ids of 2 symbols there are 16 sequences; 4 are held out, and a batch of 200
+    would hold about 50 of them if it did not draw them again."""
+    task = tb.CopyTask(vocab_size=3, length=5, held_out=2, seed=0)
+    held_out = {tuple(row) for row in torch.cat([task.test_set()[0], task.validation_set()[0]]).tolist()}
+    assert len(held_out) == 4
+    batch = task.train_batch(200, random.Random(0))
+    assert not {tuple(row) for row in batch.src.tolist()} & held_out
+    with pytest.raises(ValueError, match="too few"):
+        tb.CopyTask(vocab_size=3, length=5, held_out=5, seed=0)
 
 
 def test_shipped_checkpoint_loads_and_translates():
     trained = tb.trained_model("dates", device=CPU)
     assert not trained.model.training and trained.history is None
-    accuracy = tb.recipes.held_out_accuracy(trained.model, trained.task)
+    accuracy = tb.recipes.test_accuracy(trained.model, trained.task)
+    validation = tb.recipes.validation_accuracy(trained.model, trained.task)
     # Another CPU's rounding may flip a date whose two best characters are within float noise.
     assert abs(accuracy - trained.accuracy) <= 0.002, (accuracy, trained.accuracy)
-    assert accuracy >= trained.recipe.target - 0.002
+    assert abs(validation - trained.validation) <= 0.002, (validation, trained.validation)
+    assert validation >= trained.recipe.target - 0.002  # where training stopped
+    assert accuracy >= trained.recipe.target - 0.012  # measured once, afterwards
 
 
 @pytest.fixture

@@ -9,6 +9,10 @@ Two tasks:
   vingt-six") translated to its ISO form ("2026-11-22"). A real, if small,
   translation: words must be reordered, numbers composed, and a held-out set of
   dates is never seen in training.
+
+Each task has three sets, disjoint by construction: training batches, a
+validation set that training may look at to choose (when to stop, which weights
+to keep), and a test set that is scored once, after training.
 """
 
 from __future__ import annotations
@@ -133,12 +137,39 @@ def copy_task_batch(
     return Batch.from_pairs(data.clone(), data, pad_id=0)
 
 
-class CopyTask:
-    """The copy task with a fixed held-out set, shaped like :class:`DateTask`.
+def _distinct_rows(
+    count: int,
+    vocab_size: int,
+    length: int,
+    generator: torch.Generator,
+    exclude: set[tuple[int, ...]],
+) -> Tensor:
+    """``count`` copy-task sequences ``(count, length)``, none in ``exclude`` and no two alike.
 
-    ``held_out`` sequences are drawn once from ``seed``; training batches come from
-    ``train_batch(batch_size, rng)``. With 10 ids of 10 symbols there are 10⁹ possible
-    sequences, so a test sequence turns up in training about once in a million batches.
+    Rows are drawn as ``copy_task_batch`` draws them; a row already taken is drawn again.
+    The new rows are added to ``exclude``.
+    """
+    rows: list[list[int]] = []
+    while len(rows) < count:
+        draw = torch.randint(
+            1, vocab_size, (count - len(rows), length), generator=generator
+        )
+        draw[:, 0] = 1
+        for row in draw.tolist():
+            if tuple(row) not in exclude:
+                exclude.add(tuple(row))
+                rows.append(row)
+    return torch.tensor(rows, dtype=torch.long).reshape(count, length)
+
+
+class CopyTask:
+    """The copy task with fixed validation and test sets, shaped like :class:`DateTask`.
+
+    From ``seed``, ``held_out`` test sequences are drawn, then ``validation`` more
+    (``held_out`` unless given), each set without repeats and the two disjoint.
+    Training batches come from ``train_batch(batch_size, rng)``, which draws afresh
+    and draws again any sequence of the two sets, so no test or validation sequence
+    is ever trained on.
     """
 
     bos_id, eos_id, pad_id = 1, None, 0
@@ -149,27 +180,76 @@ class CopyTask:
         length: int = 10,
         held_out: int = 1000,
         seed: int = 0,
+        validation: int | None = None,
     ) -> None:
+        validation = held_out if validation is None else validation
         check_positive(held_out, "held_out")
+        check_positive(validation, "validation")
+        check_positive(length, "length")
+        if vocab_size < 3:
+            raise ValueError(
+                f"vocab_size must be at least 3 (padding, start, one symbol), "
+                f"got {vocab_size}"
+            )
+        if vocab_size**length >= 2**63:
+            raise ValueError(
+                f"vocab_size={vocab_size} and length={length}: a sequence must fit "
+                "one 64-bit integer (vocab_size ** length < 2 ** 63)"
+            )
+        possible = (vocab_size - 1) ** (length - 1)
+        if 2 * (held_out + validation) > possible:
+            raise ValueError(
+                f"held_out={held_out} and validation={validation} leave too few "
+                f"of the {possible} possible sequences to train on"
+            )
         self.vocab_size, self.length = vocab_size, length
         self.src_vocab_size = self.tgt_vocab_size = vocab_size
-        self.test_batch = copy_task_batch(
-            held_out, vocab_size, length, torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
+        self.held_out_rows: set[tuple[int, ...]] = set()
+        self.test_src = _distinct_rows(
+            held_out, vocab_size, length, generator, self.held_out_rows
         )
+        self.validation_src = _distinct_rows(
+            validation, vocab_size, length, generator, self.held_out_rows
+        )
+        # Each sequence as one integer (its digits in base vocab_size), for a fast lookup.
+        self._powers = vocab_size ** torch.arange(length - 1, -1, -1, dtype=torch.long)
+        held_out_src = torch.cat([self.test_src, self.validation_src])
+        self._held_out_codes = (held_out_src * self._powers).sum(-1)
 
     def train_batch(self, batch_size: int, rng: random.Random | None = None) -> Batch:
-        """A batch of fresh random sequences; ``rng`` (a ``random.Random``) makes it repeatable."""
+        """A batch of fresh random sequences, none from the validation or test set;
+        ``rng`` (a ``random.Random``) makes it repeatable."""
+        check_positive(batch_size, "batch_size")
         seed = (rng or random).getrandbits(63)
-        return copy_task_batch(
-            batch_size,
-            self.vocab_size,
-            self.length,
-            torch.Generator().manual_seed(seed),
+        generator = torch.Generator().manual_seed(seed)
+        data = torch.randint(
+            1, self.vocab_size, (batch_size, self.length), generator=generator
         )
+        data[:, 0] = 1
+        # Draw again any row of the validation or test set (repeats within a
+        # batch are allowed, as in any random batch).
+        while True:
+            codes = (data * self._powers).sum(-1)
+            taken = torch.isin(codes, self._held_out_codes).nonzero().flatten()
+            if len(taken) == 0:
+                break
+            again = torch.randint(
+                1, self.vocab_size, (len(taken), self.length), generator=generator
+            )
+            again[:, 0] = 1
+            data[taken] = again
+        return Batch.from_pairs(data.clone(), data, pad_id=0)
 
     def test_set(self) -> tuple[Tensor, Tensor]:
-        """The held-out sequences as ``(src, tgt)``, both ``(held_out, length)``: the target is the source."""
-        return self.test_batch.src, self.test_batch.src
+        """The test sequences as ``(src, tgt)``, both ``(held_out, length)``: the target is the source.
+        Score it once, after training."""
+        return self.test_src, self.test_src
+
+    def validation_set(self) -> tuple[Tensor, Tensor]:
+        """The validation sequences as ``(src, tgt)``, both ``(validation, length)``:
+        what training may look at to choose."""
+        return self.validation_src, self.validation_src
 
 
 # --- dates ---------------------------------------------------------------------------------
@@ -214,12 +294,13 @@ def split_words(text: str) -> list[str]:
 
 
 class DateTask:
-    """French dates to ISO dates, with a fixed held-out set.
+    """French dates to ISO dates, with fixed validation and test sets.
 
     Every date from ``first_year`` to ``last_year`` is a candidate; a seeded shuffle
-    puts ``held_out`` of them aside for evaluation, and training batches are drawn
-    from the rest only. Source tokens are French words; target tokens are the
-    characters of ``YYYY-MM-DD``.
+    puts the first ``held_out`` aside as the test set and the next ``validation``
+    (``held_out`` unless given) as the validation set, and training batches are
+    drawn from the rest only. Source tokens are French words; target tokens are
+    the characters of ``YYYY-MM-DD``.
     """
 
     def __init__(
@@ -228,15 +309,25 @@ class DateTask:
         last_year: int = 2049,
         held_out: int = 1000,
         seed: int = 0,
+        validation: int | None = None,
     ) -> None:
+        validation = held_out if validation is None else validation
         if first_year > last_year:
             raise ValueError(f"first_year={first_year} is after last_year={last_year}")
         start, end = dt.date(first_year, 1, 1), dt.date(last_year, 12, 31)
         dates = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
-        if not 0 < held_out < len(dates):
-            raise ValueError(f"held_out must be in (0, {len(dates)}), got {held_out}")
+        check_positive(held_out, "held_out")
+        check_positive(validation, "validation")
+        if held_out + validation >= len(dates):
+            raise ValueError(
+                f"held_out={held_out} and validation={validation} leave no training "
+                f"dates of the {len(dates)}"
+            )
         random.Random(seed).shuffle(dates)
-        self.test_dates, self.train_dates = dates[:held_out], dates[held_out:]
+        cut = held_out + validation
+        self.test_dates = dates[:held_out]
+        self.validation_dates = dates[held_out:cut]
+        self.train_dates = dates[cut:]
         self.sources = {d: split_words(date_to_french(d)) for d in dates}
         self.src_vocab = Vocabulary(w for words in self.sources.values() for w in words)
         self.tgt_vocab = Vocabulary("0123456789-")
@@ -269,7 +360,7 @@ class DateTask:
         return src, tgt
 
     def train_batch(self, batch_size: int, rng: random.Random | None = None) -> Batch:
-        """A batch of training dates (never a held-out one), drawn with ``rng`` (a ``random.Random``)."""
+        """A batch of training dates (never a validation or test one), drawn with ``rng`` (a ``random.Random``)."""
         check_positive(batch_size, "batch_size")
         chooser = rng or random
         return Batch.from_pairs(
@@ -278,8 +369,14 @@ class DateTask:
         )
 
     def test_set(self) -> tuple[Tensor, Tensor]:
-        """The held-out dates, encoded: ``(held_out, src_len)`` and ``(held_out, 12)``."""
+        """The test dates, encoded: ``(held_out, src_len)`` and ``(held_out, 12)``.
+        Score it once, after training."""
         return self.encode(self.test_dates)
+
+    def validation_set(self) -> tuple[Tensor, Tensor]:
+        """The validation dates, encoded: ``(validation, src_len)`` and ``(validation, 12)``:
+        what training may look at to choose."""
+        return self.encode(self.validation_dates)
 
     def to_iso(self, ids: Iterable[int]) -> str:
         return "".join(self.tgt_vocab.decode(ids))

@@ -7,6 +7,10 @@ the target. The chapters, the tests, the benchmarks, the command-line trainer an
 :func:`trained_model` all read the same two recipes (``RECIPES["copy"]``,
 ``RECIPES["dates"]``), so a change here changes them all.
 
+Only the task's validation set chooses: the evaluations during training, the stop
+at the target and the weights kept all look at it. The test set is scored once,
+after training, and that score is :attr:`TrainedModel.accuracy`.
+
 ``benchmarks/bench_recipes.py`` runs each recipe with ten seeds to the step cap and
 checks that every seed reaches its target and stays there.
 """
@@ -56,8 +60,8 @@ class Recipe:
     clip_norm: float | None  # the largest gradient norm an update may use
     adam_eps: float  # Adam's epsilon (the paper: 1e-9)
     max_steps: int  # the cap: a run that has not reached the target by then has failed
-    eval_every: int  # steps between evaluations on the held-out set
-    target: float  # exact match on the held-out set that counts as learned
+    eval_every: int  # steps between evaluations on the validation set
+    target: float  # exact match on the validation set at which training stops
     smoothing: float = 0.1
     d_model: int = 64
     num_heads: int = 4
@@ -72,7 +76,7 @@ class Recipe:
     )
 
     def make_task(self, seed: int = 0) -> Task:
-        """The task with its held-out set drawn from ``seed``."""
+        """The task with its validation and test sets drawn from ``seed``."""
         return CopyTask(seed=seed) if self.task == "copy" else DateTask(seed=seed)
 
     def model_config(self, task: Task) -> ModelConfig:
@@ -129,27 +133,43 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def held_out_accuracy(
-    model: Transformer, task: Task, limit: int | None = None
-) -> float:
-    """Exact match of greedy decoding on ``task``'s held-out set (its first ``limit`` pairs if given)."""
-    src, tgt = task.test_set()
+def _accuracy(model: Transformer, pairs: tuple, task: Task, limit: int | None) -> float:
+    src, tgt = pairs
     if limit is not None:
         src, tgt = src[:limit], tgt[:limit]
     return exact_match(model, src, tgt, bos_id=task.bos_id, eos_id=task.eos_id)
 
 
+def validation_accuracy(
+    model: Transformer, task: Task, limit: int | None = None
+) -> float:
+    """Exact match of greedy decoding on ``task``'s validation set (its first ``limit`` pairs
+    if given): the score that may choose (stopping, the weights kept)."""
+    return _accuracy(model, task.validation_set(), task, limit)
+
+
+def test_accuracy(model: Transformer, task: Task, limit: int | None = None) -> float:
+    """Exact match of greedy decoding on ``task``'s test set (its first ``limit`` pairs if
+    given): scored once, after training, and never used to choose."""
+    return _accuracy(model, task.test_set(), task, limit)
+
+
+test_accuracy.__test__ = False  # not a test for pytest to collect
+held_out_accuracy = test_accuracy  # the older name, kept for old code
+
+
 @dataclass
 class TrainedModel:
-    """A model trained by a recipe, with the task (and so the held-out set) it was trained on."""
+    """A model trained by a recipe, with the task (and so the validation and test sets) it was trained on."""
 
     model: Transformer
     task: Task
     recipe: Recipe
     seed: int
     steps: int  # training steps taken
-    accuracy: float  # exact match on task's held-out set
+    accuracy: float  # exact match on task's test set, scored once after training
     history: History | None = None  # None for a model loaded from a checkpoint
+    validation: float | None = None  # exact match on the validation set (it chose)
 
 
 def train_recipe(
@@ -162,10 +182,13 @@ def train_recipe(
 ) -> TrainedModel:
     """Train a fresh model with ``RECIPES[name]`` and seed ``seed``.
 
-    With ``until_target`` training stops at the first evaluation that reaches the
+    Every ``eval_every`` steps the weight average is scored on the task's validation
+    set. With ``until_target`` training stops at the first evaluation that reaches the
     recipe's target; without it, it runs to the cap (the benchmark does, to see that
-    the model stays there). The data, the held-out set and the initial weights all
-    derive from ``seed``. This is the one code path that trains a recipe: the chapters,
+    the model stays there). Then the test set is scored, once: that is the returned
+    ``accuracy``; the last validation score is ``validation``. The data, the two
+    held-out sets and the initial weights all derive from ``seed``. This is the one
+    code path that trains a recipe: the chapters,
     the benchmarks and ``scripts/make_checkpoints.py`` (the shipped checkpoints) all call it.
     """
     r = recipe(name)
@@ -182,14 +205,16 @@ def train_recipe(
 
     history = fit(
         model, next_batch, r.max_steps, optimizer, schedule, loss_fn=r.loss_fn(config),
-        evaluate=lambda m: held_out_accuracy(m, task), eval_every=r.eval_every,
+        evaluate=lambda m: validation_accuracy(m, task), eval_every=r.eval_every,
         stop_at=r.target if until_target else None, progress=progress, clip_norm=r.clip_norm,
         average=r.average,
     )  # fmt: skip
     model = history.averaged if history.averaged is not None else model.eval()
+    test = test_accuracy(model, task)  # once, after training
     return TrainedModel(
-        model, task, r, seed, history.step[-1], history.eval_metric[-1], history
-    )
+        model, task, r, seed, history.step[-1], test, history,
+        validation=history.eval_metric[-1],
+    )  # fmt: skip
 
 
 # --- the shipped checkpoints -------------------------------------------------------------------
@@ -208,7 +233,8 @@ def checkpoint_state(trained: TrainedModel) -> dict:
         "recipe": dataclasses.asdict(trained.recipe),
         "seed": trained.seed,
         "steps": trained.steps,
-        "accuracy": trained.accuracy,
+        "accuracy": trained.accuracy,  # the test set's
+        "validation": trained.validation,
         "torch": str(
             torch.__version__
         ),  # a plain string: weights_only loading refuses TorchVersion
@@ -272,4 +298,5 @@ def trained_model(
         state["seed"],
         state["steps"],
         state["accuracy"],
+        validation=state.get("validation"),
     )
