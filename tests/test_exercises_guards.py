@@ -51,7 +51,7 @@ def test_a_runaway_greedy_loop_is_stopped_by_its_own_max_len_with_its_rows():
 
     result = check("greedy_decode", grows_forever)
     assert not result.passed
-    assert "past the call's max_len=8" in result.message and "max_len=64" not in result.message
+    assert "past the call's max_tokens=8" in result.message and "max_len=64" not in result.message
     assert "its first row then: [1, 3, 4, 2, 9" in result.message
 
 

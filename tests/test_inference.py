@@ -67,15 +67,15 @@ def smallest_margin(model: tb.Transformer, src: torch.Tensor, ys: torch.Tensor) 
 def test_kv_cache_gives_exactly_the_same_tokens(width):
     model = make(width)
     src = source_batch()
-    cached = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=True)
-    recomputed = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS, use_cache=False)
+    cached = tb.greedy_decode(model, src, max_tokens=40, bos_id=BOS, eos_id=EOS, use_cache=True)
+    recomputed = tb.greedy_decode(model, src, max_tokens=40, bos_id=BOS, eos_id=EOS, use_cache=False)
     assert torch.equal(cached, recomputed)
     assert cached.shape[1] > 5  # long enough for the cache to matter
 
 
 def test_greedy_rows_start_with_bos_and_stop_at_their_own_eos(model):
     src = source_batch()
-    out = tb.greedy_decode(model, src, max_len=40, bos_id=BOS, eos_id=EOS)
+    out = tb.greedy_decode(model, src, max_tokens=40, bos_id=BOS, eos_id=EOS)
     assert (out[:, 0] == BOS).all()
     for row in out.tolist():
         if EOS in row:
@@ -95,19 +95,19 @@ def test_greedy_matches_a_hand_written_argmax_loop(model):
         ys = torch.cat([ys, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
         if ys[0, -1] == EOS:
             break
-    assert torch.equal(tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=EOS), ys)
+    assert torch.equal(tb.greedy_decode(model, src, max_tokens=12, bos_id=BOS, eos_id=EOS), ys)
 
 
 def test_beam_of_one_equals_greedy(model):
     src = source_batch()
-    greedy = tb.greedy_decode(model, src, max_len=30, bos_id=BOS, eos_id=EOS)
-    beam = tb.beam_search(model, src, max_len=30, bos_id=BOS, eos_id=EOS, beam_size=1)
+    greedy = tb.greedy_decode(model, src, max_tokens=30, bos_id=BOS, eos_id=EOS)
+    beam = tb.beam_search(model, src, max_tokens=30, bos_id=BOS, eos_id=EOS, beam_size=1)
     assert torch.equal(beam, greedy)
 
 
 def test_beam_search_returns_valid_sequences(model):
     src = source_batch()
-    out = tb.beam_search(model, src, max_len=25, bos_id=BOS, eos_id=EOS, beam_size=4)
+    out = tb.beam_search(model, src, max_tokens=25, bos_id=BOS, eos_id=EOS, beam_size=4)
     assert out.shape[0] == 6 and (out[:, 0] == BOS).all()
     assert (out != 0).any(dim=0)[-1]  # no all-padding column left at the end
 
@@ -115,7 +115,7 @@ def test_beam_search_returns_valid_sequences(model):
 def test_record_attention_sees_every_step_of_greedy_decoding(model):
     src = source_batch()[:1]
     with tb.record_attention(model) as maps:
-        out = tb.greedy_decode(model, src, max_len=12, bos_id=BOS, eos_id=None)
+        out = tb.greedy_decode(model, src, max_tokens=12, bos_id=BOS, eos_id=None)
     assert out.shape[1] == 12
     assert maps["decoder.layers.1.self_attn"].shape == (1, 4, 1, 11)  # the last step saw all 11 positions
 
@@ -125,7 +125,7 @@ def test_a_forward_hook_in_the_decoder_sees_every_step(model):
     fed = []
     hook = model.decoder.layers[1].feed_forward.register_forward_hook(lambda m, i, out: fed.append(out.shape[1]))
     try:
-        tb.greedy_decode(model, source_batch(), max_len=10, bos_id=BOS, eos_id=None)
+        tb.greedy_decode(model, source_batch(), max_tokens=10, bos_id=BOS, eos_id=None)
     finally:
         hook.remove()
     assert fed == [1] * 9
@@ -209,7 +209,7 @@ def test_decoding_compiles_whole_with_a_step_of_fixed_shapes(model):
     code generation is timed by benchmarks/bench_decoding.py)."""
     torch._dynamo.reset()
     src = source_batch()
-    expected = tb.greedy_decode(model, src, max_len=16, bos_id=BOS, eos_id=None)
+    expected = tb.greedy_decode(model, src, max_tokens=16, bos_id=BOS, eos_id=None)
     decode = torch.compile(model.decode, fullgraph=True, backend="aot_eager")
     with torch.inference_mode():
         memory = model.encode(src)
@@ -296,11 +296,11 @@ def test_the_length_penalty_counts_the_tokens_after_bos(monkeypatch):
     assert best == {0: (w, EOS), 1: (EOS,)}  # the two counts disagree, by a margin float32 keeps
     assert abs(ranked((w, EOS), 0) - ranked((EOS,), 0)) > 5e-3 and abs(ranked((w, EOS), 1) - ranked((EOS,), 1)) > 5e-3
     stub, src = TableModel(vocab, next_log_probs), torch.tensor([[3, 4, 5]])
-    found = tb.beam_search(stub, src, max_len=3, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha)
+    found = tb.beam_search(stub, src, max_tokens=3, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha)
     assert found.tolist() == [[BOS, w, EOS]]
     penalty = tb.inference.length_penalty  # the count off by one (issue 34) would pick A: the test tells
     monkeypatch.setattr(tb.inference, "length_penalty", lambda length, a: penalty(length + 1, a))
-    found = tb.beam_search(stub, src, max_len=3, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha)
+    found = tb.beam_search(stub, src, max_tokens=3, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha)
     assert found.tolist() == [[BOS, EOS]]
 
 
@@ -353,5 +353,5 @@ def test_wide_beam_finds_the_best_sequence_by_exhaustive_search(alpha):
         score /= tb.length_penalty(torch.tensor(float(len(body))), alpha).item()
         if score > best_score:
             best, best_score = ys, score
-    found = tb.beam_search(model, src, max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=125, alpha=alpha)
+    found = tb.beam_search(model, src, max_tokens=max_len, bos_id=BOS, eos_id=EOS, beam_size=125, alpha=alpha)
     assert torch.equal(found, best), (found, best)

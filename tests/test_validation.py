@@ -96,15 +96,15 @@ CASES = {
         r"positions 6..9 of x with shape \(1, 4, 16\) exceed max_len=8",
     ),
     "eos outside the target vocabulary": (
-        lambda m: tb.greedy_decode(m, ids, max_len=5, bos_id=1, eos_id=99),
+        lambda m: tb.greedy_decode(m, ids, max_tokens=5, bos_id=1, eos_id=99),
         r"eos_id=99 is not an id of the target vocabulary \(size 11\)",
     ),
-    "decoding longer than max_len": (
-        lambda m: tb.beam_search(m, ids, max_len=20, bos_id=1, eos_id=2),
-        r"max_len=20 exceeds the model's max_len=16",
+    "decoding longer than the model's max_len": (
+        lambda m: tb.beam_search(m, ids, max_tokens=20, bos_id=1, eos_id=2),
+        r"max_tokens=20 exceeds the model's max_len=16",
     ),
     "non-positive beam": (
-        lambda m: tb.beam_search(m, ids, max_len=5, bos_id=1, eos_id=2, beam_size=0),
+        lambda m: tb.beam_search(m, ids, max_tokens=5, bos_id=1, eos_id=2, beam_size=0),
         r"beam_size must be a positive integer, got 0",
     ),
     "not a tensor": (lambda m: tb.padding_mask([[1, 2, 0]]), r"tokens must be a torch.Tensor, got list"),

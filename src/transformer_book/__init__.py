@@ -70,7 +70,16 @@ from .layers import FeedForward, sublayer_connection
 from .masking import causal_mask, padding_mask, target_mask, to_pytorch_mask
 from .model import ModelConfig, Transformer, count_parameters, init_weights, make_model
 from .positional import PositionalEncoding, sinusoidal_positional_encoding
-from .recipes import RECIPES, Recipe, TrainedModel, recipe, train_recipe, trained_model
+from .recipes import (
+    RECIPES,
+    Recipe,
+    TrainedModel,
+    recipe,
+    test_accuracy,
+    train_recipe,
+    trained_model,
+    validation_accuracy,
+)
 from .runtime import (
     book_seed,
     compile_model,
@@ -105,6 +114,8 @@ __all__ = [
     "train_recipe",
     "train_step",
     "trained_model",
+    "test_accuracy",
+    "validation_accuracy",
     "DateTask",
     "History",
     "LabelSmoothingLoss",

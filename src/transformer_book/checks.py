@@ -373,15 +373,16 @@ def check_target(
 
 
 def check_decoding(
-    config: object, src: Tensor, max_len: int, bos_id: int, eos_id: int | None
+    config: object, src: Tensor, max_tokens: int, bos_id: int, eos_id: int | None
 ) -> None:
-    """A decoding loop's arguments for a model of ``config`` (a ``ModelConfig``): ``src`` ids of
-    its source vocabulary, ``max_len`` within the model's, ``bos_id`` and ``eos_id`` target ids."""
+    """A decoding loop's arguments for a model of ``config`` (a ``ModelConfig``): ``src``
+    ids of its source vocabulary, ``max_tokens`` (the output's length, BOS included) within
+    the model's ``max_len``, ``bos_id`` and ``eos_id`` target ids."""
     check_tokens(src, "src", config.src_vocab_size, config.max_len)
-    check_positive(max_len, "max_len")
-    if max_len > config.max_len:
+    check_positive(max_tokens, "max_tokens")
+    if max_tokens > config.max_len:
         raise ValueError(
-            f"max_len={max_len} exceeds the model's max_len={config.max_len}"
+            f"max_tokens={max_tokens} exceeds the model's max_len={config.max_len}"
         )
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
         if token is not None and not 0 <= token < config.tgt_vocab_size:

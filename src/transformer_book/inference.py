@@ -24,23 +24,24 @@ CHECK_EVERY = 8
 def greedy_decode(
     model: Transformer,
     src: Tensor,
-    max_len: int,
+    max_tokens: int,
     bos_id: int,
     eos_id: int | None,
     src_mask: Tensor | None = None,
     use_cache: bool = True,
 ) -> Tensor:
-    """``src (batch, src_len)`` → ids ``(batch, ≤ max_len)``: BOS, then the likeliest
+    """``src (batch, src_len)`` → ids ``(batch, ≤ max_tokens)``: BOS, then the likeliest
     token at each step; ``pad_id`` after EOS. No cache: the same tokens, more slowly."""
-    check_decoding(model.config, src, max_len, bos_id, eos_id)
+    check_decoding(model.config, src, max_tokens, bos_id, eos_id)
     pad, batch, device = model.config.pad_id, src.shape[0], src.device
     src_mask = padding_mask(src, pad) if src_mask is None else src_mask
-    ys = torch.tensor([bos_id] + [pad] * (max_len - 1), device=device).repeat(batch, 1)
+    ys = torch.full((batch, max_tokens), pad, device=device)  # filled step by step
+    ys[:, 0] = bos_id
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     with trusted_ids():  # src is checked; later ids are the model's own argmax
         memory = model.encode(src, src_mask)
-        cache = model.decoder.new_cache(memory, max_len - 1) if use_cache else None
-        for t in range(1, max_len):
+        cache = model.decoder.new_cache(memory, max_tokens - 1) if use_cache else None
+        for t in range(1, max_tokens):
             tgt = ys[:, t - 1 : t] if use_cache else ys[:, :t]  # cache: the newest
             mask = None if use_cache else causal_mask(t, device)
             h = model.decode(memory, tgt, src_mask=src_mask, tgt_mask=mask, cache=cache)
@@ -52,7 +53,7 @@ def greedy_decode(
 
 
 def decoded_length(ys: Tensor, eos_id: int | None) -> int:
-    """Columns up to the step at which the last row of ``ys (batch, max_len)`` emitted its
+    """Columns up to the step at which the last row of ``ys (batch, max_tokens)`` emitted its
     EOS (all of them if a row never did): where a loop that checked every step would stop."""
     if eos_id is None:
         return ys.shape[1]
@@ -71,7 +72,7 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
 def beam_search(
     model: Transformer,
     src: Tensor,
-    max_len: int,
+    max_tokens: int,
     bos_id: int,
     eos_id: int | None,
     beam_size: int = 4,
@@ -83,10 +84,10 @@ def beam_search(
     Hypotheses are ranked by ``log P(prefix) / length_penalty(length, alpha)``
     (``alpha=0`` ranks by log-probability alone). A finished hypothesis keeps its
     score and is extended only by padding. ``src (batch, src_len)`` → ids
-    ``(batch, ≤ max_len)`` starting with ``bos_id``, padded with ``pad_id``.
+    ``(batch, ≤ max_tokens)`` starting with ``bos_id``, padded with ``pad_id``.
     With ``beam_size=1`` this is greedy decoding.
     """
-    check_decoding(model.config, src, max_len, bos_id, eos_id)
+    check_decoding(model.config, src, max_tokens, bos_id, eos_id)
     check_positive(beam_size, "beam_size")
     pad_id, vocab = model.config.pad_id, model.config.tgt_vocab_size
     batch, k = src.shape[0], beam_size
@@ -97,7 +98,7 @@ def beam_search(
         # Each source is repeated once per beam: rows b*k .. b*k + k-1 are source b's.
         memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
     memory_mask = src_mask.repeat_interleave(k, dim=0)
-    cache = model.decoder.new_cache(memory, max_len - 1)
+    cache = model.decoder.new_cache(memory, max_tokens - 1)
 
     ys = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((batch, k), float("-inf"), device=device)
@@ -110,7 +111,7 @@ def beam_search(
     pad_only[pad_id] = 0.0
     offsets = torch.arange(batch, device=device).unsqueeze(1) * k
 
-    for step in range(1, max_len):
+    for step in range(1, max_tokens):
         with trusted_ids():
             hidden = model.decode(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
         log_probs = model.generator(hidden[:, -1]).log_softmax(dim=-1)

@@ -155,7 +155,6 @@ def test_accuracy(model: Transformer, task: Task, limit: int | None = None) -> f
 
 
 test_accuracy.__test__ = False  # not a test for pytest to collect
-held_out_accuracy = test_accuracy  # the older name, kept for old code
 
 
 @dataclass

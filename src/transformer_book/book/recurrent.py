@@ -147,13 +147,13 @@ class RecurrentSeq2Seq(nn.Module):
 
     @torch.no_grad()
     def greedy(
-        self, src: Tensor, max_len: int, bos_id: int
+        self, src: Tensor, max_tokens: int, bos_id: int
     ) -> tuple[Tensor, Tensor | None]:
-        """Greedy decoding: ids ``(B, max_len)`` starting with BOS, and attention weights ``(B, max_len-1, n)``."""
+        """Greedy decoding: ids ``(B, max_tokens)`` starting with BOS, and attention weights ``(B, max_tokens-1, n)``."""
         states, state, mask = self.encode(src)
         token = torch.full((src.shape[0],), bos_id, dtype=torch.long, device=src.device)
         out, weights = [token], []
-        for _ in range(max_len - 1):
+        for _ in range(max_tokens - 1):
             logits, state, w = self.step(token, state, states, mask)
             token = logits.argmax(-1)
             out.append(token)

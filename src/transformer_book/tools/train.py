@@ -50,7 +50,7 @@ from tqdm import tqdm
 
 from ..data import Batch
 from ..model import make_model
-from ..recipes import RECIPES, Recipe, Task, held_out_accuracy
+from ..recipes import RECIPES, Recipe, Task, validation_accuracy
 from ..runtime import get_device
 from ..training import History, fit, weight_average
 
@@ -343,7 +343,7 @@ def train_run(args: argparse.Namespace, r: Recipe, rt: ProcessInfo) -> History:
 
     def validation(module: nn.Module) -> float:  # rank 0 only
         with torch.autocast(rt.device.type, torch.bfloat16, enabled=args.bf16):
-            return held_out_accuracy(module, task, args.eval_size)
+            return validation_accuracy(module, task, args.eval_size)
 
     started, last = time.perf_counter(), [start_step]
 

@@ -34,19 +34,19 @@ class _Runaway(RuntimeError):
     pass
 
 
-def _watch(model: Transformer, max_len: int, hypotheses: int) -> None:
+def _watch(model: Transformer, max_tokens: int, hypotheses: int) -> None:
     """Stop a decoding loop that does not end, by counting its steps: the target it feeds the
-    decoder has grown past ``max_len`` tokens, or it has called the generator far more often than
-    ``max_len`` steps of ``hypotheses`` rows need (a loop with a cache feeds one token at a time).
+    decoder has grown past ``max_tokens`` tokens, or it has called the generator far more often than
+    ``max_tokens`` steps of ``hypotheses`` rows need (a loop with a cache feeds one token at a time).
     A loop that never calls the model is stopped by the time budget of every reader's call."""
-    calls, limit = [0], 4 * max_len * (hypotheses + 1) + 10
+    calls, limit = [0], 4 * max_tokens * (hypotheses + 1) + 10
 
     def count(module: nn.Module, args: tuple) -> None:
         calls[0] += 1
         if calls[0] > limit:
             raise _Runaway(
-                f"was stopped after {calls[0]} calls of model.generator for max_len={max_len}: "
-                "the loop did not end (the package's runs at most max_len − 1 steps)"
+                f"was stopped after {calls[0]} calls of model.generator for max_tokens={max_tokens}: "
+                "the loop did not end (the package's runs at most max_tokens − 1 steps)"
             )
 
     def length(module: nn.Module, args: tuple) -> None:
@@ -54,11 +54,11 @@ def _watch(model: Transformer, max_len: int, hypotheses: int) -> None:
         if (
             isinstance(tokens, Tensor)
             and tokens.dim() == 2
-            and tokens.shape[1] > max_len
+            and tokens.shape[1] > max_tokens
         ):
             raise _Runaway(
                 f"was stopped when its target reached {tokens.shape[1]} tokens, past the call's "
-                f"max_len={max_len} (BOS included); its first row then: {tokens[0].tolist()}"
+                f"max_tokens={max_tokens} (BOS included); its first row then: {tokens[0].tolist()}"
             )
 
     model.generator.register_forward_pre_hook(count)
@@ -66,13 +66,17 @@ def _watch(model: Transformer, max_len: int, hypotheses: int) -> None:
 
 
 def _decoding_cases(beam: bool) -> list[Case]:
-    def make(rows: list[list[int]], max_len: int, **kwargs: Any) -> Callable[[], dict]:
-        return lambda: dict(src=torch.tensor(rows), max_len=max_len, kwargs=kwargs)
+    def make(
+        rows: list[list[int]], max_tokens: int, **kwargs: Any
+    ) -> Callable[[], dict]:
+        return lambda: dict(
+            src=torch.tensor(rows), max_tokens=max_tokens, kwargs=kwargs
+        )
 
     if beam:
         return [
             Case(
-                "6 sources, beam_size 2, alpha 2.0, max_len 6: outputs of length 1, 2 and 3 "
+                "6 sources, beam_size 2, alpha 2.0, max_tokens 6: outputs of length 1, 2 and 3 "
                 "compete, and on the last pruning by the penalised score matters",
                 make(
                     [[4, 0, 0], [5, 5, 0], [6, 6, 6], [7, 0, 0], [8, 8, 0], [9, 0, 0]],
@@ -83,7 +87,7 @@ def _decoding_cases(beam: bool) -> list[Case]:
                 needs=("beam_size",),
             ),
             Case(
-                "4 sources, beam_size 3, alpha 0.6, max_len 6, one never emits EOS",
+                "4 sources, beam_size 3, alpha 0.6, max_tokens 6, one never emits EOS",
                 make(
                     [[1, 1, 0], [2, 0, 0], [3, 0, 0], [9, 9, 0]],
                     6,
@@ -111,15 +115,15 @@ def _decoding_cases(beam: bool) -> list[Case]:
         ]
     return [
         Case(
-            "2 sources with padding, max_len 8, both end early",
+            "2 sources with padding, max_tokens 8, both end early",
             make([[1, 0, 0], [2, 2, 0]], 8),
         ),
         Case(
-            "3 sources, max_len 6, one never emits EOS",
+            "3 sources, max_tokens 6, one never emits EOS",
             make([[1, 1, 0], [3, 0, 0], [2, 0, 0]], 6),
         ),
-        Case("batch 1, source length 1, max_len 5", make([[2]], 5)),
-        Case("max_len 2: BOS and one token", make([[3]], 2)),
+        Case("batch 1, source length 1, max_tokens 5", make([[2]], 5)),
+        Case("max_tokens 2: BOS and one token", make([[3]], 2)),
     ]
 
 
@@ -131,10 +135,10 @@ def _run_decoding(fn: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     if not trusted:  # the reader's loop gets a copy of its own, watched
         _watch(
             model,
-            inputs["max_len"],
+            inputs["max_tokens"],
             len(inputs["src"]) * inputs["kwargs"].get("beam_size", 1),
         )
-    args = (model, inputs["src"], inputs["max_len"], _BOS, _EOS)
+    args = (model, inputs["src"], inputs["max_tokens"], _BOS, _EOS)
     kwargs = _keywords(
         fn, **inputs["kwargs"]
     )  # a search without alpha runs its own penalty
@@ -161,7 +165,7 @@ def _greedy_variant(
     def decode(
         model: Transformer,
         src: Tensor,
-        max_len: int,
+        max_tokens: int,
         bos_id: int,
         eos_id: int | None,
         **_: Any,
@@ -171,7 +175,7 @@ def _greedy_variant(
         memory = model.encode(src, src_mask)
         ys = torch.full((len(src), 1), bos_id)
         done = torch.zeros(len(src), dtype=torch.bool)
-        for _step in range(max_len - 1 + extra_steps):
+        for _step in range(max_tokens - 1 + extra_steps):
             hidden = model.decode(
                 memory,
                 ys,
@@ -201,11 +205,11 @@ _GREEDY_MISTAKES = (
     ),
     Mistake(
         "no_early_stop",
-        "the loop always runs to max_len, even when every row has produced EOS; the package stops as soon "
+        "the loop always runs to max_tokens, even when every row has produced EOS; the package stops as soon "
         "as all rows have ended",
         (_greedy_variant(stop_when_done=False),),
         section=_CH9_STOP,
-        did="always ran max_len − 1 steps",
+        did="always ran max_tokens − 1 steps",
     ),
     Mistake(
         "bos_missing",
@@ -216,11 +220,11 @@ _GREEDY_MISTAKES = (
     ),
     Mistake(
         "max_len_off_by_one",
-        "rows can reach another length than max_len: the package's count includes BOS, so it makes at most "
-        "max_len − 1 steps",
+        "rows can reach another length than max_tokens: the package's count includes BOS, so it makes at most "
+        "max_tokens − 1 steps",
         (_greedy_variant(extra_steps=1), _greedy_variant(extra_steps=-1)),
         section=_CH9_STOP,
-        did="ran another number of steps than max_len − 1",
+        did="ran another number of steps than max_tokens − 1",
     ),
     Mistake(
         "stops_at_first_eos",
@@ -264,7 +268,7 @@ def _beam_variant(
     def search(
         model: Transformer,
         src: Tensor,
-        max_len: int,
+        max_tokens: int,
         bos_id: int,
         eos_id: int | None,
         beam_size: int = 4,
@@ -298,7 +302,7 @@ def _beam_variant(
                 return length
             return length**a if penalty == "power" else ((5.0 + length) / 6.0) ** a
 
-        for _step in range(max_len - 1):
+        for _step in range(max_tokens - 1):
             hidden = model.decode(
                 memory, ys, src_mask=memory_mask, tgt_mask=causal_mask(ys.shape[1])
             )
@@ -357,7 +361,7 @@ _BEAM_MISTAKES = (
         "stops_when_top_beam_finishes",
         "the search stops as soon as the best hypothesis has produced EOS; a longer one still "
         "growing can overtake it once the length penalty counts its length, so the package goes "
-        "on until every beam has ended (or max_len)",
+        "on until every beam has ended (or max_tokens)",
         (_beam_variant(stop="top"),),
         section=_CH9_BEAM,
         did="stopped when the top beam ended",
@@ -421,7 +425,7 @@ PARTS = (
         "greedy_decode",
         "function",
         greedy_decode,
-        "(model, src, max_len, bos_id, eos_id) → ids (batch, ≤ max_len), BOS first, padding after EOS",
+        "(model, src, max_tokens, bos_id, eos_id) → ids (batch, ≤ max_tokens), BOS first, padding after EOS",
         _CH9_LOOP,
         lambda: _decoding_cases(beam=False),
         _run_decoding,
@@ -433,7 +437,7 @@ PARTS = (
         "beam_search",
         "function",
         beam_search,
-        "(model, src, max_len, bos_id, eos_id, beam_size=4, src_mask=None, alpha=0.6) → ids (batch, ≤ max_len)",
+        "(model, src, max_tokens, bos_id, eos_id, beam_size=4, src_mask=None, alpha=0.6) → ids (batch, ≤ max_tokens)",
         _CH9_BEAM,
         lambda: _decoding_cases(beam=True),
         _run_decoding,
