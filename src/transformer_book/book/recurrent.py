@@ -149,7 +149,8 @@ class RecurrentSeq2Seq(nn.Module):
     def greedy(
         self, src: Tensor, max_tokens: int, bos_id: int
     ) -> tuple[Tensor, Tensor | None]:
-        """Greedy decoding: ids ``(B, max_tokens)`` starting with BOS, and attention weights ``(B, max_tokens-1, n)``."""
+        """Greedy decoding: ids ``(B, max_tokens)`` starting with BOS, and attention
+        weights ``(B, max_tokens-1, n)``."""
         states, state, mask = self.encode(src)
         token = torch.full((src.shape[0],), bos_id, dtype=torch.long, device=src.device)
         out, weights = [token], []
