@@ -18,7 +18,7 @@ import importlib.util
 
 BOOK = "https://github.com/executable-transformer/executable-transformer"
 NEEDS = ["transformer_book", "altair", "pandas", "matplotlib", "seaborn"]
-NEEDS += ["onnx", "onnxscript", "onnxruntime"]
+NEEDS += ["onnx", "onnxscript", "onnxruntime", "tokenizers", "sacrebleu"]
 if not all(importlib.util.find_spec(name) for name in NEEDS):
     %pip install --quiet "transformer-book[book] @ git+{BOOK}\""""
 

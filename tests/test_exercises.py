@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import transformer_book as tb
+import transformer_book.numbers  # noqa: F401  (tb.numbers: chapter 11, the book extra)
 from transformer_book import exercises
 from transformer_book.book.exercises import CheckResult, check
 
@@ -41,6 +42,7 @@ PACKAGE = {
     "noam_rate": tb.noam_rate,
     "greedy_decode": tb.greedy_decode,
     "beam_search": tb.beam_search,
+    "bpe_merge_step": tb.numbers.bpe_merge_step,
 }
 
 

@@ -229,6 +229,10 @@ CHAPTER_PARTS: dict[str, tuple[tuple[str, ...], str]] = {
         ("out", "tgt_emb"),
         "the loop that feeds each predicted token back into the decoder",
     ),
+    "real_language": (
+        ("src_emb", "tgt_emb", "dec_cross"),
+        "two real vocabularies and the cross-attention that reorders the words",
+    ),
 }
 _FLOW = "Source ids go through embedding and positional encoding into N encoder layers (self-attention, then feed-forward, each followed by add and norm); their output, the memory, feeds the cross-attention of N decoder layers, which read the target shifted right through masked self-attention, cross-attention and feed-forward; a linear layer and softmax give next-token probabilities."  # noqa: E501
 

@@ -65,6 +65,7 @@ CHAPTER_MODULES = (
     "ch07_decoder",
     "ch08_training",
     "ch09_inference",
+    "ch11_subwords",
 )
 """The modules whose ``PARTS`` :func:`check` grades, in the order of the book."""
 
@@ -130,7 +131,9 @@ def check(name: str, fn: Any) -> CheckResult:
       with ``forward(x, memory, *, src_mask=None, tgt_mask=None)``, the masks by keyword only
     - ``"LabelSmoothingLoss"`` (chapter 8): class ``(vocab_size, smoothing=0.1, pad_id=0)``
     - ``"noam_rate"`` (chapter 8): ``(step, d_model, warmup, factor=1.0, total_steps=None)``
-    - ``"greedy_decode"``, ``"beam_search"`` (chapter 9): ``(model, src, max_len, bos_id, eos_id, ...)``
+    - ``"greedy_decode"``, ``"beam_search"`` (chapter 9): ``(model, src, max_tokens, bos_id, eos_id, ...)``
+    - ``"bpe_merge_step"`` (chapter 11): ``(words)`` → ``(pair, new_words)``, one merge of byte-pair
+      encoding against the ``tokenizers`` library (needs the ``book`` extra)
 
     An unknown ``name`` (or one that is not a string) raises ``ValueError``. Checking uses its own
     seeded generators; it puts back PyTorch's random state, default dtype, thread count and grad
