@@ -155,6 +155,7 @@ PACKAGE_VERSIONS = {
     "EncoderLayer": ("EncoderLayer", "EncoderLayer.forward"),
     "DecoderLayer": ("DecoderLayer", "DecoderLayer.forward"),
 }
+FOLDED = re.compile(r"(?ms)^(`{3,}|:{3,})\{(admonition|dropdown|toggle)\}[^\n]*\n(.*?)^\1\s*$")
 BUILD_IT = re.compile(r"exercise-start\}\s*Build it")
 CHECKED = re.compile(r"""check\(\s*["'](\w+)["']""")
 
@@ -167,11 +168,17 @@ def shown_above(cells: list, names: tuple[str, ...]) -> list[str]:
         text = cell.source
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell.cell_type == "markdown":
-            for block in re.split(r"(?m)^(?=```|:::)", text):
-                folded = re.search(r"\{dropdown\}|\{toggle\}|:class: dropdown|\{solution", block)
-                for name in names:
-                    if re.search(rf":pyobject: {re.escape(name)}\s*$", block, re.M) and not folded:
-                        found.append(f"cell {index}: literalinclude {name}")
+            # Folded blocks: a dropdown, or an admonition of class dropdown, whose fence may hold
+            # the listing's own shorter fence.
+            folded = "".join(
+                body
+                for _, kind, body in FOLDED.findall(text)
+                if kind != "admonition" or re.search(r"^:class:.*\bdropdown\b", body, re.M)
+            )
+            for name in names:
+                listing = rf":pyobject: {re.escape(name)}\s*$"
+                if len(re.findall(listing, text, re.M)) > len(re.findall(listing, folded, re.M)):
+                    found.append(f"cell {index}: literalinclude {name}")
         elif cell.cell_type == "code" and not tags & HIDDEN:
             for name in names:
                 short = re.escape(name.split(".")[-1])
