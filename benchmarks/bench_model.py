@@ -1,33 +1,49 @@
-"""One training step and one eval forward: the package's model against PyTorch's nn.Transformer.
+"""One training step and one eval forward: the package's model against PyTorch's nn.Transformer,
+each eager and compiled.
 
-Three models compute the same function with the same weights, in the same run:
+Four contenders compute the same function with the same weights, in one run:
 
-- ``plain``: the model the chapters teach, plain PyTorch (``nn.Linear``, ``nn.Dropout``, the
-  attention formula or ``F.scaled_dot_product_attention``);
-- ``ours``: the same model after ``transformer_book.fast.accelerate(model)``, on the speed
-  wing's CPU kernels (appendix C);
+- ``plain``: the model the chapters teach, plain PyTorch (``nn.Linear``, ``nn.Dropout``,
+  ``F.scaled_dot_product_attention``), run eagerly;
+- ``plain_compiled``: the same model compiled whole, ``tb.compile_model(model)``, that is
+  ``torch.compile(model, fullgraph=True)``;
 - ``theirs``: PyTorch's ``nn.Transformer``, its encoder and decoder layers holding a copy of
-  our weights, between embeddings, positional encoding and an output layer of its own (a copy
-  of ours).
+  our weights, between embeddings, positional encoding and an output layer that are copies of
+  ours (the baseline every ratio divides by);
+- ``theirs_compiled``: the same ``nn.Transformer`` under ``torch.compile``.
 
-All three train with the book's Adam (``tb.noam_optimizer``: PyTorch's fused Adam), dropout
-0.1, in train mode, each with weights and optimiser state of its own. The achieved GFLOP/s is
-printed next to a plain matmul's, measured in the same run: on a CPU the faster of PyTorch's two
-matrix libraries at 2048², MKL (``a @ b``) and oneDNN, since the wing computes with oneDNN and
-MKL is the slower of the two on some CPUs (a share of MKL's alone could then pass 100%).
+A training step is the book's: forward, the label-smoothed loss (``tb.LabelSmoothingLoss``,
+smoothing 0.1), backward, and the book's Adam (``tb.noam_optimizer``: PyTorch's fused Adam),
+dropout 0.1, each contender with weights and optimiser state of its own. The compiled
+contenders compile the loss too (``torch.compile(loss, fullgraph=True)``); the optimiser step
+is one fused kernel already. The first call of each compiled contender is timed on its own
+(``first_call_s``): it is the compilation, which the timed calls no longer pay.
 
-How it is timed, so that the ratio means what it says: the models take turns, in the
-order A B C C B A, step after step, so a slow drift of the machine (these are shared
-machines) and the order itself hit all alike; each ratio reported is the median over
-rounds of (model / nn.Transformer) within the round, with the lowest and highest round beside
-it: ``ratio`` for ``ours`` (accelerated), ``plain_ratio`` for the plain model.
-The paper's base sizes with a vocabulary of 1,000 (a vocabulary of 37,000 would make
-the one identical output layer dominate both times).
+How it is timed, so that a ratio means what it says: the contenders take turns, in the order
+A B C D D C B A, round after round, so a slow drift of the machine (these are shared machines)
+and the order itself hit all alike; each ratio is the median over rounds of (contender /
+nn.Transformer eager) within the round, with the lowest and highest round beside it.
 
-    python benchmarks/bench_model.py                # base sizes, vocabulary 1,000, batch 8 x 64 tokens
+Work is counted once, on the eager plain model, with ``torch.utils.flop_counter.FlopCounterMode``
+(a multiply-add counts as two; matrix products and attention, nothing else). On a CPU the
+achieved GFLOP/s is shown beside one large matrix product's (2048², ``a @ b``) in the same run;
+on a GPU the achieved FLOP/s over the device's peak dense bf16 FLOP/s is the MFU (model FLOPs
+utilisation). The peak comes from ``PEAK_BF16`` below, NVIDIA's datasheets, keyed by the name
+the device reports; ``--peak-tflops`` gives one for a device the table lacks.
+
+Defaults, per device:
+
+- CPU: the paper's base sizes, vocabulary 1,000 (a vocabulary of 37,000 would make the one
+  identical output layer dominate every time), batch 8 x 64 tokens, float32;
+- CUDA: base sizes, vocabulary 37,000, the paper's batch of about 25,000 target tokens
+  (200 x 128), bf16 autocast (weights and optimiser in float32).
+
+    python benchmarks/bench_model.py                # the default device: CUDA if there is one
+    python benchmarks/bench_model.py --device cpu   # the CPU, where a GPU is present
     python benchmarks/bench_model.py --small        # a quick run
 
-Only the default run writes the results file that appendix C shows.
+Only a run with the default options writes the results file appendix C shows:
+``results/model.json`` on a CPU, ``results/model_cuda.json`` on a GPU.
 """
 
 from __future__ import annotations
@@ -35,27 +51,60 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
-from common import interleaved_medians, machine, print_table, synchronize, write_results
+from common import (
+    cold_compile_cache,
+    machine,
+    paired_ratios,
+    print_table,
+    synchronize,
+    write_results,
+)
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_book as tb
-from transformer_book import fast
-from transformer_book.fast import kernels
-from transformer_book.parity import to_pytorch
+from transformer_book.book.parity import to_pytorch
 
 #: What each name in the results stands for (written into the results file).
 CONTENDERS = {
-    "ours": "the package's model after transformer_book.fast.accelerate(model): the wing's CPU kernels",
-    "plain": "the package's model as the chapters teach it: plain PyTorch",
-    "theirs": "torch.nn.Transformer holding the same weights",
+    "plain": "the package's model as the chapters teach it, eager",
+    "plain_compiled": "the same model compiled whole: tb.compile_model(model) = torch.compile(model, fullgraph=True)",
+    "theirs": "torch.nn.Transformer holding the same weights, eager (the baseline of every ratio)",
+    "theirs_compiled": "the same nn.Transformer under torch.compile",
 }
+BASELINE = "theirs"
+
+#: Peak dense bf16 tensor-core FLOP/s, from NVIDIA's datasheets (which print twice these
+#: figures "with sparsity"): (a piece of the name torch.cuda.get_device_name() reports, FLOP/s,
+#: the part). The first piece found in the name wins, so the specific names come first.
+PEAK_BF16 = [
+    ("H100 PCIe", 756e12, "H100 PCIe"),
+    ("H100 NVL", 835e12, "H100 NVL"),
+    ("H100", 989e12, "H100 SXM5"),
+    ("H200", 989e12, "H200 SXM"),
+    ("A100", 312e12, "A100"),
+    ("L40S", 362e12, "L40S"),
+    ("L4", 121e12, "L4"),
+]
+
+
+def peak_flops(device: torch.device, override_tflops: float | None) -> tuple[float | None, str]:
+    """The device's peak dense bf16 FLOP/s and where the figure comes from (None on a CPU or an
+    unknown GPU)."""
+    if override_tflops is not None:
+        return override_tflops * 1e12, "--peak-tflops"
+    if device.type != "cuda":
+        return None, "no peak for a CPU: compare with the matrix product measured in the same run"
+    name = torch.cuda.get_device_name(device)
+    for piece, flops, part in PEAK_BF16:
+        if piece.lower() in name.lower():
+            return flops, f"NVIDIA's datasheet for the {part}: {flops / 1e12:.0f} TFLOP/s dense bf16"
+    return None, f"{name} is not in bench_model.PEAK_BF16: pass --peak-tflops"
 
 
 class PyTorchTransformer(nn.Module):
@@ -73,166 +122,242 @@ class PyTorchTransformer(nn.Module):
             self.ours.positional(self.ours.src_embed(src)),
             self.ours.positional(self.ours.tgt_embed(tgt)),
             tgt_mask=tb.to_pytorch_mask(tgt_mask[0]),
+            # The hint nn.Transformer's documentation offers: it spares a comparison of the mask
+            # with a causal one that reads values back (and that torch.compile cannot trace).
+            tgt_is_causal=True,
             src_key_padding_mask=padding,
             memory_key_padding_mask=padding,
         )
         return self.ours.generator(hidden)
 
 
-def flops(fn) -> int:
+def contenders(plain: tb.Transformer, compiled: bool = True) -> dict[str, nn.Module]:
+    """The contenders, each on a copy of ``plain``'s weights (the compiled ones only if ``compiled``)."""
+    device = next(plain.parameters()).device
+    theirs = PyTorchTransformer(copy.deepcopy(plain))
+    models = {"plain": plain, "theirs": theirs}
+    if compiled:
+        models["plain_compiled"] = tb.compile_model(copy.deepcopy(plain), device)
+        # fullgraph too: a graph break in nn.Transformer would be an error here, not a slowdown.
+        models["theirs_compiled"] = tb.compile_model(copy.deepcopy(theirs), device)
+    return {name: models[name] for name in CONTENDERS if name in models}
+
+
+def flops(fn: Callable[[], object]) -> int:
     counter = FlopCounterMode(display=False)
     with counter:
         fn()
     return counter.get_total_flops()
 
 
-def run(device: torch.device, config: tb.ModelConfig, batch: int, length: int, repeats: int) -> list[dict]:
+def first_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call: for a compiled contender's first, its compilation."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def matmul_flops(device: torch.device, bf16: bool, repeats: int, n: int | None = None) -> float:
+    """FLOP/s of one large matrix product (``n``², by default 2048² on a CPU and 8192² on a GPU, in
+    bf16 where the model runs in bf16), the fastest of ``repeats + 2`` calls: the
+    most a step made of matrix products could reach here."""
+    n = n or (2048 if device.type == "cpu" else 8192)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    return 2 * n**3 / min(first_call(lambda: a @ b, device) for _ in range(repeats + 2))
+
+
+#: How the profile's operators are grouped: (group, the pieces of an operator's name that put it there).
+OP_GROUPS = [
+    ("Inductor's fused kernels", ("CompiledFxGraph", "cpp_fused", "triton_")),
+    ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
+                         "gemm", "cutlass", "sm90_", "sm80_", "cublas")),
+    ("attention kernels", ("scaled_dot_product", "flash", "efficient_attention", "fmha")),
+    ("optimiser", ("adam", "Optimizer.step")),
+]  # fmt: skip
+
+
+def op_group(name: str) -> str:
+    return next((group for group, pieces in OP_GROUPS if any(p.lower() in name.lower() for p in pieces)), "other")
+
+
+def top_ops(fn: Callable[[], object], device: torch.device, steps: int = 3, count: int = 12) -> dict:
+    """Where ``fn`` spends its time, by torch.profiler: the ``count`` operators with the most self
+    time (on a GPU, device time), per call, and the shares of the groups of ``OP_GROUPS``. A
+    compiled graph's fused kernels are one entry per graph (``## Call CompiledFxGraph ...``) on a
+    CPU, one per kernel (``triton_...``) on a GPU."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fn()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        synchronize(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    total = sum(getattr(e, key) for e in events) or 1.0
+    ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)
+    groups: dict[str, float] = {}
+    for e in ranked:
+        groups[op_group(e.key)] = groups.get(op_group(e.key), 0.0) + getattr(e, key) / total
+    ops = [{"op": e.key, "group": op_group(e.key), "ms_per_call": getattr(e, key) / 1e3 / steps,
+            "share": getattr(e, key) / total, "calls_per_step": e.count / steps} for e in ranked[:count]]  # fmt: skip
+    return {"ms_per_call": total / 1e3 / steps, "ops": ops, "groups": groups}
+
+
+def same_outputs(models: dict[str, nn.Module], call: Callable[[nn.Module], torch.Tensor], bf16: bool) -> None:
+    """Every contender's eval logits match nn.Transformer's: a benchmark of different
+    computations would mean nothing."""
+    expected = call(models[BASELINE]).float()
+    for name, model in models.items():
+        got = call(model).float()
+        if bf16:  # bf16 rounds at every product: compare the whole, relative to its size
+            error = ((got - expected).norm() / expected.norm()).item()
+            assert error < 5e-2, f"{name}: logits differ from nn.Transformer's by {error:.3g} (relative)"
+        else:
+            tolerance = 1e-4 if expected.device.type == "cpu" else 2e-3  # a GPU's reductions: other orders
+            torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def run(
+    device: torch.device,
+    config: tb.ModelConfig,
+    batch: int,
+    length: int,
+    repeats: int,
+    *,
+    bf16: bool = False,
+    compiled: bool = True,
+    peak_tflops: float | None = None,
+    profile_ops: bool = True,
+    matmul_size: int | None = None,
+) -> dict:
+    """Time the contenders (only the two eager ones with ``compiled=False``, which compiles
+    nothing: the appendix runs that at a small size); returns the results file's body."""
     tb.seed_everything(0)
     plain = tb.make_model(config).to(device)
-    ours = fast.accelerate(copy.deepcopy(plain))  # the same weights, on the wing's kernels
-    theirs = PyTorchTransformer(plain).to(device)
-    # Separate weights for each so that their optimisers do not share state.
-    theirs.ours = copy.deepcopy(plain)
-
-    src = torch.randint(1, config.src_vocab_size, (batch, length), device=device)
-    tgt = torch.randint(1, config.tgt_vocab_size, (batch, length + 1), device=device)
-    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    src_mask, tgt_mask = tb.padding_mask(src), tb.causal_mask(length, device)
-    models = {"ours": ours, "theirs": theirs, "plain": plain}
-    # The book's optimiser for all three (noam_optimizer: PyTorch's fused Adam where it runs).
+    models = contenders(plain, compiled)
+    loss = tb.LabelSmoothingLoss(config.tgt_vocab_size, 0.1, config.pad_id)
+    losses = {name: torch.compile(loss, fullgraph=True) if name.endswith("_compiled") else loss for name in models}
+    # The book's optimiser for all (noam_optimizer: PyTorch's fused Adam where it runs).
     optimisers = {name: tb.noam_optimizer(model, config.d_model, warmup=4000)[0] for name, model in models.items()}
 
-    def train_step(name):
-        model = models[name]
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    src = torch.randint(3, config.src_vocab_size, (batch, length), generator=generator).to(device)
+    tgt = torch.randint(3, config.tgt_vocab_size, (batch, length + 1), generator=generator).to(device)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    src_mask, tgt_mask = tb.padding_mask(src), tb.causal_mask(length, device)
 
-        def step():
+    def forward(model: nn.Module) -> torch.Tensor:
+        with tb.trusted_ids(), torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            return model(src, tgt_in, src_mask, tgt_mask)
+
+    def train_step(name: str) -> Callable[[], None]:
+        model, loss_fn, optimiser = models[name], losses[name], optimisers[name]
+
+        def step() -> None:
             model.train()
-            optimisers[name].zero_grad(set_to_none=True)
-            logits = model(src, tgt_in, src_mask, tgt_mask)
-            F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).backward()
-            optimisers[name].step()
+            optimiser.zero_grad(set_to_none=True)
+            loss_fn(forward(model), tgt_out).backward()
+            optimiser.step()
 
         return step
 
-    def eval_forward(name):
+    def eval_forward(name: str) -> Callable[[], None]:
         model = models[name]
 
         @torch.inference_mode()
-        def forward():
+        def call() -> None:
             model.eval()
-            model(src, tgt_in, src_mask, tgt_mask)
+            forward(model)
 
-        return forward
+        return call
 
-    # Same outputs first: a benchmark of different computations would mean nothing.
-    for model in models.values():
-        model.eval()
-    with torch.no_grad():
-        expected = theirs(src, tgt_in, src_mask, tgt_mask)
-        for name in ("ours", "plain"):
-            torch.testing.assert_close(models[name](src, tgt_in, src_mask, tgt_mask), expected, atol=1e-4, rtol=1e-4)
+    kinds = {"train step (fwd+loss+bwd+Adam)": train_step, "eval forward": eval_forward}
+    # First calls (a compiled contender's compilation), eval first: the same outputs are checked
+    # before any training step makes the weights part.
+    first = {("eval forward", name): first_call(eval_forward(name), device) for name in models}
+    with torch.inference_mode():
+        same_outputs(models, forward, bf16)
+    first |= {(next(iter(kinds)), name): first_call(train_step(name), device) for name in models}
 
-    train_flops = flops(train_step("plain"))  # the same computation for all three
-    eval_flops = flops(eval_forward("plain"))
-    train = paired_ratios({name: train_step(name) for name in models}, device, repeats)
-    evals = paired_ratios({name: eval_forward(name) for name in models}, device, repeats)
-
-    matmuls = matmul_gflops(device, repeats)
-    best = max(matmuls, key=matmuls.get)
-
+    matmul = matmul_flops(device, bf16, repeats, matmul_size)
+    peak, peak_source = peak_flops(device, peak_tflops)
+    tokens = batch * length
     rows = []
-    for label, times, work in (("train step (fwd+bwd+Adam)", train, train_flops), ("eval forward", evals, eval_flops)):
-        rows.append({
-            "device": device.type, "what": label, "ours_ms": times["ours"] * 1e3, "theirs_ms": times["theirs"] * 1e3,
-            "ratio": times["ratio"], "ratio_min": times["ratio_min"], "ratio_max": times["ratio_max"],
-            "plain_ms": times["plain"] * 1e3, "plain_ratio": times["plain_ratio"],
-            "plain_ratio_min": times["plain_ratio_min"], "plain_ratio_max": times["plain_ratio_max"],
-            "gflop": work / 1e9, "ours_gflops": work / times["ours"] / 1e9,
-            "plain_gflops": work / times["plain"] / 1e9, "theirs_gflops": work / times["theirs"] / 1e9,
-            "matmul_gflops": matmuls[best], "matmul_library": best,
-            **{f"matmul_{name}_gflops": value for name, value in matmuls.items()},
-            "tokens_per_s": batch * length / times["ours"], "plain_tokens_per_s": batch * length / times["plain"],
-        })  # fmt: skip
-    return rows
-
-
-def matmul_gflops(device: torch.device, repeats: int) -> dict[str, float]:
-    """GFLOP/s of one large matrix product (2048² on a CPU, 8192² on a GPU), the reference for
-    the model's: on a CPU both libraries PyTorch ships, ``a @ b`` (MKL) and oneDNN (the
-    wing's ``kernels.affine``, which does its products), since either may be the faster on
-    a given CPU (MKL is slow on some AMD parts); on a GPU ``a @ b``."""
-    n = 2048 if device.type == "cpu" else 8192
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    fns = {"mkl" if device.type == "cpu" else device.type: lambda: a @ b}
-    if device.type == "cpu" and kernels.applies_to(a):
-        b_t = b.t().contiguous()  # affine multiplies by the transpose of its weight
-        fns["onednn"] = lambda: kernels.affine(a, b_t)
-    times = interleaved_medians(fns, device, repeats)
-    return {name: 2 * n**3 / seconds / 1e9 for name, seconds in times.items()}
-
-
-def paired_ratios(fns: dict[str, Callable[[], None]], device: torch.device, repeats: int) -> dict[str, float]:
-    """Time ``fns`` in rounds, in order and then in reverse (A B C C B A).
-
-    Returns each one's median seconds, and for each but ``"theirs"`` the median, lowest
-    and highest over rounds of its time over ``"theirs"``'s in the same round
-    (``ratio``, ``ratio_min``, ``ratio_max`` for ``"ours"``; ``<name>_ratio`` and so on
-    for the others).
-    """
-    for fn in fns.values():
-        fn()
-    order = [*fns.items(), *reversed(fns.items())]
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        spent = dict.fromkeys(fns, 0.0)
-        for name, fn in order:
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            spent[name] += (time.perf_counter() - start) / 2
-        for name in fns:
-            times[name].append(spent[name])
-    result = {name: statistics.median(seconds) for name, seconds in times.items()}
-    for name in fns:
-        if name != "theirs":
-            ratios = [mine / base for mine, base in zip(times[name], times["theirs"], strict=True)]
-            prefix = "" if name == "ours" else f"{name}_"
-            result |= {f"{prefix}ratio": statistics.median(ratios), f"{prefix}ratio_min": min(ratios),
-                       f"{prefix}ratio_max": max(ratios)}  # fmt: skip
+    for what, make in kinds.items():
+        work = flops(make("plain"))  # the same computation for every contender
+        times = paired_ratios({name: make(name) for name in models}, BASELINE, device, repeats)
+        for name, t in times.items():
+            achieved = work / t["seconds"]
+            rows.append({
+                "what": what, "contender": name, "ms": t["seconds"] * 1e3, "ratio": t["ratio"],
+                "ratio_min": t["ratio_min"], "ratio_max": t["ratio_max"], "first_call_s": first[what, name],
+                "gflop": work / 1e9, "gflops": achieved / 1e9, "share_of_matmul": achieved / matmul,
+                "mfu": achieved / peak if peak else None, "tokens_per_s": tokens / t["seconds"],
+            })  # fmt: skip
+    result = {
+        "device": device.type, "bf16": bf16, "batch": batch, "length": length, "repeats": repeats,
+        "tokens_per_step": tokens, "baseline": BASELINE, "matmul_gflops": matmul / 1e9,
+        "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source, "rows": rows,
+    }  # fmt: skip
+    if compiled and profile_ops:
+        step = next(iter(kinds))
+        result["profile"] = {"what": f"plain_compiled, {step}", **top_ops(train_step("plain_compiled"), device)}
+        result["profile_eager"] = {"what": f"plain, {step}", **top_ops(train_step("plain"), device)}
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", help="cpu or cuda (default: cuda if there is one)")
     parser.add_argument("--small", action="store_true", help="ModelConfig.small and a short batch, for a quick check")
-    parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size (shared, tied)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=10, help="rounds of A B C C B A")
+    parser.add_argument("--vocab", type=int, help="vocabulary size, shared and tied (CPU 1,000, CUDA 37,000)")
+    parser.add_argument("--batch", type=int, help="sentences per batch (CPU 8, CUDA 200)")
+    parser.add_argument("--length", type=int, help="tokens per sentence (CPU 64, CUDA 128)")
+    parser.add_argument("--repeats", type=int, help="rounds of A B C D D C B A (CPU 10, CUDA 20)")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")
+    parser.add_argument("--peak-tflops", type=float, help="the device's peak dense bf16 TFLOP/s, if not in the table")
     args = parser.parse_args()
-    config = tb.ModelConfig.small(args.vocab) if args.small else tb.ModelConfig.base(args.vocab)
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    rows = [row for device in devices for row in run(device, config, args.batch, args.length, args.repeats)]
+    default_run = vars(args) == vars(parser.parse_args([]))
+    cold_compile_cache()  # first_call_s: compiling, not reading an earlier run's kernels
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    gpu = device.type == "cuda"
+    vocab = args.vocab or (37000 if gpu else 1000)
+    batch, length = args.batch or (200 if gpu else 8), args.length or (128 if gpu else 64)
+    repeats = args.repeats or (20 if gpu else 10)
+    bf16 = gpu if args.bf16 is None else args.bf16
+    config = tb.ModelConfig.small(vocab) if args.small else tb.ModelConfig.base(vocab)
+
+    result = run(device, config, batch, length, repeats, bf16=bf16, peak_tflops=args.peak_tflops)
     size = "small" if args.small else "base"
-    title = (f"transformer_book (plain, and accelerated by fast.accelerate) vs nn.Transformer — {size} sizes, "
-             f"vocabulary {args.vocab}, batch {args.batch} x {args.length} tokens, float32, "
-             f"{args.repeats} rounds of A B C C B A")  # fmt: skip
+    title = (f"transformer_book vs nn.Transformer, eager and compiled: {device.type}, {size} sizes, "
+             f"vocabulary {vocab}, batch {batch} x {length} tokens, {'bf16 autocast' if bf16 else 'float32'}, "
+             f"{repeats} rounds of A B C D D C B A")  # fmt: skip
+    peak = f"{result['peak_tflops']:.0f} TFLOP/s" if result["peak_tflops"] else "none"
     print_table(
-        f"{title}\n{machine()}",
-        ["what", "accelerated ms", "plain ms", "nn.Transformer ms", "accelerated / nn.Transformer (median, min-max)",
-         "plain / nn.Transformer (median, min-max)", "GFLOP", "accelerated GFLOP/s", "plain GFLOP/s",
-         "nn.Transformer GFLOP/s", "matmul GFLOP/s (faster library)", "accelerated / matmul"],
-        [[f"{r['device']}: {r['what']}", f"{r['ours_ms']:.1f}", f"{r['plain_ms']:.1f}", f"{r['theirs_ms']:.1f}",
-          f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})",
-          f"{r['plain_ratio']:.3f} ({r['plain_ratio_min']:.3f}-{r['plain_ratio_max']:.3f})",
-          f"{r['gflop']:.1f}", f"{r['ours_gflops']:.1f}", f"{r['plain_gflops']:.1f}", f"{r['theirs_gflops']:.1f}",
-          f"{r['matmul_gflops']:.1f} ({r['matmul_library']})", f"{r['ours_gflops'] / r['matmul_gflops']:.0%}"]
-         for r in rows],
+        f"{title}\n{machine()}\npeak: {peak} ({result['peak_source']}); "
+        f"matrix product: {result['matmul_gflops']:.0f} GFLOP/s",
+        ["what", "contender", "ms", "/ nn.Transformer eager (median, min-max)", "first call s", "GFLOP/s",
+         "of matmul", "MFU", "tokens/s"],
+        [[r["what"], r["contender"], f"{r['ms']:.1f}", f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})",
+          f"{r['first_call_s']:.1f}", f"{r['gflops']:.0f}", f"{r['share_of_matmul']:.0%}",
+          f"{r['mfu']:.1%}" if r["mfu"] is not None else "-", f"{r['tokens_per_s']:,.0f}"] for r in result["rows"]],
     )  # fmt: skip
-    if vars(args) == vars(parser.parse_args([])):  # appendix C reads the default run only
-        write_results("model", {"title": title, "config": dataclasses.asdict(config), "contenders": CONTENDERS,
-                                "wing": fast.status(), "rows": rows})  # fmt: skip
+    for key in ("profile", "profile_eager"):
+        if key in result:
+            print_table(
+                f"Where the time goes: {result[key]['what']} (torch.profiler, self time)",
+                ["op", "ms per step", "share", "calls per step"],
+                [[o["op"][:70], f"{o['ms_per_call']:.2f}", f"{o['share']:.0%}", f"{o['calls_per_step']:.0f}"]
+                 for o in result[key]["ops"]],
+            )  # fmt: skip
+            print("by group: " + ", ".join(f"{g} {v:.0%}" for g, v in result[key]["groups"].items()))
+    if default_run:  # appendix C reads the default runs only
+        name = "model_cuda" if gpu else "model"
+        write_results(name, {"title": title, "config": dataclasses.asdict(config), "contenders": CONTENDERS,
+                             **result})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import date
@@ -24,8 +28,33 @@ def machine() -> str:
         pass
     parts = [f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"]
     if torch.cuda.is_available():
-        parts.append(f"GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})")
+        driver = cuda_driver()
+        parts.append(f"GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda}, driver {driver or 'unknown'})")
     return "; ".join(parts) + f"; python {platform.python_version()}"
+
+
+def cuda_driver() -> str | None:
+    """The NVIDIA driver's version, as ``nvidia-smi`` reports it, or None where it cannot say."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def cold_compile_cache() -> str:
+    """Point torch.compile's on-disk caches (Inductor's, Triton's inside it) at a new, empty folder,
+    removed at exit, so that a compiled contender's first call is timed compiling rather than
+    reading an earlier run's kernels back. A ``TORCHINDUCTOR_CACHE_DIR`` set by the caller wins.
+    Call it before anything is compiled. Returns the folder."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="bench-inductor-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -66,6 +95,38 @@ def interleaved_medians(
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def paired_ratios(
+    fns: dict[str, Callable[[], object]], baseline: str, device: torch.device, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Time ``fns`` in rounds, in order and then in reverse (A B C C B A), after one untimed
+    call each, so a drift of the machine's load and the order itself hit all alike.
+
+    Returns, per name, ``seconds`` (the median over rounds of its mean time in the round) and
+    ``ratio``, ``ratio_min``, ``ratio_max``: the median, lowest and highest over rounds of its
+    time over ``baseline``'s in the same round (1 for the baseline itself).
+    """
+    for fn in fns.values():
+        fn()
+    order = [*fns.items(), *reversed(fns.items())]
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        spent = dict.fromkeys(fns, 0.0)
+        for name, fn in order:
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            spent[name] += (time.perf_counter() - start) / 2
+        for name in fns:
+            times[name].append(spent[name])
+    result = {}
+    for name, seconds in times.items():
+        ratios = [mine / base for mine, base in zip(seconds, times[baseline], strict=True)]
+        result[name] = {"seconds": statistics.median(seconds), "ratio": statistics.median(ratios),
+                        "ratio_min": min(ratios), "ratio_max": max(ratios)}  # fmt: skip
+    return result
+
+
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """A Markdown table, so the output pastes straight into the performance appendix."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
@@ -87,7 +148,10 @@ def write_results(name: str, data: dict) -> Path:
     page are what a script printed, never retyped.
     """
     record = {"date": date.today().isoformat(), "machine": machine(), "torch": torch.__version__,
-              "python": platform.python_version(), **data}  # fmt: skip
+              "python": platform.python_version()}  # fmt: skip
+    if torch.cuda.is_available():
+        record |= {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "driver": cuda_driver()}
+    record |= data
     RESULTS_DIR.mkdir(exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
