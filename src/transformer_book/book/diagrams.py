@@ -180,15 +180,8 @@ _MAP_BLOCKS = [
 ]
 _ATTENTION = ("enc_attn", "dec_self", "dec_cross")
 _ENCODER = ("enc_attn", "enc_norm1", "enc_ffn", "enc_norm2")
-_DECODER = (
-    "dec_self",
-    "dec_norm1",
-    "dec_cross",
-    "dec_norm2",
-    "dec_ffn",
-    "dec_norm3",
-    "out",
-)
+_DECODER = ("dec_self", "dec_norm1", "dec_cross", "dec_norm2", "dec_ffn", "dec_norm3")
+_DECODER += ("out",)  # and the output projection
 
 #: What each chapter builds (the blocks its map highlights, and a sentence for the alt text).
 CHAPTER_PARTS: dict[str, tuple[tuple[str, ...], str]] = {
