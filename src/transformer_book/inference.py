@@ -16,7 +16,8 @@ from .checks import check_decoding, check_positive, trusted_ids
 from .masking import causal_mask, padding_mask
 from .model import Transformer
 
-#: Steps between the decoding loops' one read of the device: "has every row finished?"
+#: How many steps the decoding loops take between their reads of the device, each of
+#: which asks whether every row has finished.
 CHECK_EVERY = 8
 
 

@@ -8,7 +8,7 @@ import platform
 import random
 import shutil
 import warnings
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,9 +58,6 @@ def get_device() -> torch.device:
     return torch.device("cpu")
 
 
-Compiled = TypeVar("Compiled")
-
-
 def compile_unavailable(device: torch.device) -> str | None:
     """Why ``torch.compile`` cannot build kernels for ``device`` here, or None if it can.
 
@@ -78,8 +75,8 @@ def compile_unavailable(device: torch.device) -> str | None:
 
 
 def compile_model(
-    module: Compiled, device: torch.device | None = None, **options: Any
-) -> Compiled:
+    module: torch.nn.Module, device: torch.device | None = None, **options: Any
+) -> torch.nn.Module:
     """``torch.compile(module, fullgraph=True, **options)`` where kernels can be built for
     ``device`` (the module's, by default); elsewhere ``module`` itself, eager, with a warning
     that says why. ``fullgraph=True``: a break in the graph is an error, not a silent slowdown."""
