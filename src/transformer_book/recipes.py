@@ -9,7 +9,7 @@ the target. The chapters, the tests, the benchmarks, the command-line trainer an
 
 Only the task's validation set chooses: the evaluations during training, the stop
 at the target and the weights kept all look at it. The test set is scored once,
-after training, and that score is ```TrainedModel.accuracy```.
+after training, and that score is ``TrainedModel.accuracy``.
 
 ``benchmarks/bench_recipes.py`` runs each recipe with ten seeds to the step cap and
 checks that every seed reaches its target and stays there.
