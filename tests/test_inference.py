@@ -200,7 +200,7 @@ def test_the_cache_mask_hides_the_slots_not_written_yet(model):
     with torch.inference_mode():
         cache = model.decoder.new_cache(model.encode(src), capacity=5)
         cache.position += 2
-        assert cache.causal_mask(2).tolist() == [[[True, True, True, False, False], [True, True, True, True, False]]]
+        assert cache.slot_mask(2).tolist() == [[[True, True, True, False, False], [True, True, True, True, False]]]
 
 
 def test_decoding_compiles_whole_with_a_step_of_fixed_shapes(model):

@@ -39,7 +39,7 @@ class DecoderCache:
         """How many target positions fit (each layer's self-attention buffer length)."""
         return self.layers[0].self_attn.capacity
 
-    def causal_mask(self, new: int) -> Tensor:
+    def slot_mask(self, new: int) -> Tensor:
         """``(1, new, capacity)``: the ``new`` positions from ``position`` on may see every
         slot up to their own, and no slot not written yet."""
         slots = torch.arange(self.capacity, device=self.position.device)

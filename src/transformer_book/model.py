@@ -153,7 +153,7 @@ class Transformer(nn.Module):
             tgt_mask = target_mask(tgt, c.pad_id) if tgt_mask is None else tgt_mask
         else:  # the new positions only: keys and values of the others are cached
             offset = cache.position
-            tgt_mask = cache.causal_mask(tgt.shape[1]) if tgt_mask is None else tgt_mask
+            tgt_mask = cache.slot_mask(tgt.shape[1]) if tgt_mask is None else tgt_mask
         x = self.positional(self.tgt_embed(tgt), offset=offset)
         hidden = self.decoder(
             x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache

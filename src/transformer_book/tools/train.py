@@ -128,8 +128,8 @@ def require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def validate_args(args: argparse.Namespace, world_size: int = 1) -> Recipe:
-    """The run's recipe; a ``ValueError`` naming the option for a value the run cannot use.
+def validate_args(args: argparse.Namespace, world_size: int = 1) -> tuple[Recipe, Task]:
+    """The run's recipe and its task; a ``ValueError`` naming the option for a value the run cannot use.
     The model's sizes are checked by ``ModelConfig`` itself, its field names read as options."""
     r = run_recipe(args)
     problems = {  # message: whether it applies
@@ -150,19 +150,20 @@ def validate_args(args: argparse.Namespace, world_size: int = 1) -> Recipe:
     for message, wrong in problems.items():
         require(not wrong, message)
     try:
-        r.model_config(r.make_task(args.seed))
+        task = r.make_task(args.seed)
+        r.model_config(task)
     except ValueError as error:
         message = str(error)
         for name in HELP:
             message = message.replace(name, option(name))
         raise ValueError(message) from None
-    return r
+    return r, task
 
 
-def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> tuple[argparse.Namespace, Recipe]:
-    """Parse and validate the command line: the arguments and the run's recipe."""
+def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> tuple[argparse.Namespace, Recipe, Task]:
+    """Parse and validate the command line: the arguments, the run's recipe and its task."""
     args = build_parser().parse_args(argv)
-    return args, validate_args(args, world_size)
+    return (args, *validate_args(args, world_size))
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -313,9 +314,8 @@ def emit(record: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def train_run(args: argparse.Namespace, r: Recipe, rt: ProcessInfo) -> History:
+def train_run(args: argparse.Namespace, r: Recipe, task: Task, rt: ProcessInfo) -> History:
     """Set the run up and hand it to :func:`~transformer_book.training.fit`."""
-    task = r.make_task(args.seed)
     config = r.model_config(task)
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's too)
     model = make_model(config).to(rt.device)
@@ -385,12 +385,12 @@ def train_run(args: argparse.Namespace, r: Recipe, rt: ProcessInfo) -> History:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m transformer_book.tools.train``; returns the exit status."""
     try:
-        args, r = parse_args(argv, world_size_from_env())
+        args, r, task = parse_args(argv, world_size_from_env())
         rt = setup_processes(args.bf16)
     except ValueError as error:
         build_parser().error(str(error))  # prints usage and the message, exits with status 2
     try:
-        train_run(args, r, rt)
+        train_run(args, r, task, rt)
     except ValueError as error:  # e.g. a checkpoint that belongs to another run
         print(f"error: {error}", file=sys.stderr)
         return 2
