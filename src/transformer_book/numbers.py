@@ -35,9 +35,11 @@ from num2words import num2words
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from torch import Tensor, nn
 
+from .attention import record_attention
 from .data import BOS, EOS, PAD, Batch, Vocabulary
 from .embedding import TokenEmbedding
 from .encoder import EncoderLayer
+from .inference import greedy_decode
 from .masking import causal_mask
 from .model import ModelConfig, Transformer, make_model
 from .positional import PositionalEncoding
@@ -402,8 +404,6 @@ def cross_attention(
     teacher-forced on ``number``: ``(pieces + 1, words + 1)``. Row ``i`` is
     the step that writes the ``i``-th piece (the last writes ``<eos>``),
     column ``j`` the ``j``-th English word (the last is ``<eos>``)."""
-    from .attention import record_attention
-
     src, tgt = task.encode([number])
     words, length = len(english_words(number)) + 1, len(task.pieces(number)) + 1
     device = next(model.parameters()).device
@@ -449,9 +449,9 @@ class TrainedNumbers:
     validation: float  # exact match on the validation set, which chose the model
 
 
-def validation_accuracy(model: Transformer, task: NumberTask) -> float:
-    from .inference import greedy_decode
-
+def exact_on_validation(model: Transformer, task: NumberTask) -> float:
+    """Exact match of greedy decoding on the task's validation numbers (the recipes'
+    ``validation_accuracy`` is the dates and copy tasks')."""
     numbers = task.numbers("validation")
     src, _ = task.encode(numbers)
     device = next(model.parameters()).device
@@ -479,7 +479,7 @@ def train_numbers(
     model = make_model(r.model_config(task)).to(device)
     optimizer, schedule = r.optimizer(model)
     rng = random.Random(seed + 1)
-    evaluate = None if steps else lambda m: validation_accuracy(m, task)
+    evaluate = None if steps else lambda m: exact_on_validation(m, task)
     history = fit(
         model, lambda step: task.train_batch(r.batch_size, rng, uniform),
         steps or r.max_steps, optimizer, schedule, loss_fn=r.loss_fn(model.config),
