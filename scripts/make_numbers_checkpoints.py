@@ -5,7 +5,7 @@
 
 The encoder-decoder is trained by `numbers.train_numbers` with seed 0 (it stops when
 the validation set is translated perfectly); the decoder-only model by
-`numbers.train_decoder_only` with the same seed, batch size and number of steps;
+`numbers.train_numbers(decoder_only=True)` with the same seed, batch size and steps;
 "uniform" is the encoder-decoder trained for as many steps on numbers drawn uniformly
 from the whole range (section 11.2's lesson about test sets).
 Each file holds only tensors, strings and numbers (the tokenizer as its JSON text),
@@ -42,7 +42,7 @@ def main(names: list[str]) -> int:
         if name == "encoder_decoder":
             trained = first
         elif name == "decoder_only":
-            trained = numbers.train_decoder_only(task, steps, seed=0)
+            trained = numbers.train_numbers(0, task, steps=steps, decoder_only=True)
         else:
             trained = numbers.train_numbers(0, task, uniform=True, steps=steps)
         buffer = io.BytesIO()

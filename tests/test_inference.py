@@ -71,6 +71,9 @@ def test_kv_cache_gives_exactly_the_same_tokens(width):
     recomputed = tb.greedy_decode(model, src, max_tokens=40, bos_id=BOS, eos_id=EOS, use_cache=False)
     assert torch.equal(cached, recomputed)
     assert cached.shape[1] > 5  # long enough for the cache to matter
+    kwargs = dict(max_tokens=40, bos_id=BOS, eos_id=EOS, beam_size=3)
+    beams = tb.beam_search(model, src, **kwargs, use_cache=True)
+    assert torch.equal(beams, tb.beam_search(model, src, **kwargs, use_cache=False))
 
 
 def test_greedy_rows_start_with_bos_and_stop_at_their_own_eos(model):

@@ -84,27 +84,38 @@ def test_merge_step_agrees_with_tokenizers_and_grader_names_mistakes():
         assert not result.passed and result.mistake == mistake.name
 
 
-def test_joint_sequences_train_only_the_german(task):
+def test_joint_sequences_pad_the_english_on_the_left(task):
     joint = nums.JointTask(task)
-    tokens, targets = joint.encode([97, 5])
-    row = tokens[0].tolist()
-    sep = row.index(joint.sep_id)
-    assert sep == 2  # ninety seven <sep>
-    assert (targets[0, :sep] == 0).all()
-    assert targets[0, sep : sep + 4].tolist() == task.encode([97])[1][0, 1:5].tolist()
+    numbers = [97, 5, 777_777]
+    src, tgt = joint.encode(numbers)
+    assert src.shape == (3, task.src_len - 1) and torch.equal(tgt, task.encode(numbers)[1])
+    for row, n in zip(src.tolist(), numbers):
+        words = [t - joint.offset for t in row if t]
+        assert words == task.src_vocab.encode(nums.english_words(n))
+        assert row[-len(words) :] == [w + joint.offset for w in words]  # padding first
+    assert src.min() == 0 and int(src.max()) < joint.src_vocab_size
+    assert int(src[src > 0].min()) >= task.tgt_vocab_size  # no id of a German piece
 
 
-def test_decoder_only_is_causal(task):
+def test_decoder_only_is_causal_reads_the_source_and_decodes_like_the_loops(task):
     joint = nums.JointTask(task)
-    config = tb.ModelConfig.small(joint.vocab_size, joint.vocab_size, dropout=0.0)
+    config = tb.ModelConfig.small(joint.src_vocab_size, joint.tgt_vocab_size, dropout=0.0)
     model = tb.init_weights(nums.DecoderOnly(config)).eval()
-    tokens = joint.encode([123_456])[0]
-    changed = tokens.clone()
-    changed[0, -1] = 5
+    src, tgt = joint.encode([123_456, 97])
+    later, other_source = tgt.clone(), src.clone()
+    later[:, -2] = 5
+    other_source[0, -1] = joint.offset + 5
     with torch.no_grad():
-        a, b = model(tokens), model(changed)
-    assert a.shape == (1, tokens.shape[1], joint.vocab_size)
-    torch.testing.assert_close(a[:, :-1], b[:, :-1])
+        a, b, c = model(src, tgt), model(src, later), model(other_source, tgt)
+    assert a.shape == (2, tgt.shape[1], task.tgt_vocab_size)
+    torch.testing.assert_close(a[:, :-2], b[:, :-2])  # the future is hidden
+    assert not torch.allclose(a[0], c[0]) and torch.equal(a[1], c[1])
+    greedy = tb.greedy_decode(model, src, 8, task.bos_id, task.eos_id, use_cache=False)
+    beam = tb.beam_search(model, src, 8, task.bos_id, task.eos_id, 1, use_cache=False)
+    assert torch.equal(greedy, beam)
+    with torch.no_grad():  # greedy's tokens are the model's argmax, step by step
+        steps = model(src, greedy[:, :-1]).argmax(-1)
+    assert torch.equal(steps, greedy[:, 1:])
 
 
 def test_shipped_models_load_and_score():

@@ -79,6 +79,7 @@ def beam_search(
     beam_size: int = 4,
     src_mask: Tensor | None = None,
     alpha: float = 0.6,
+    use_cache: bool = True,
 ) -> Tensor:
     """Keep the ``beam_size`` best prefixes per source; return the best finished one per row.
 
@@ -86,7 +87,8 @@ def beam_search(
     (``alpha=0`` ranks by log-probability alone). A finished hypothesis keeps its
     score and is extended only by padding. ``src (batch, src_len)`` → ids
     ``(batch, ≤ max_tokens)`` starting with ``bos_id``, padded with ``pad_id``.
-    With ``beam_size=1`` this is greedy decoding.
+    With ``beam_size=1`` this is greedy decoding. No cache: each step feeds the whole
+    prefix under the causal mask (the same tokens, more slowly).
     """
     check_decoding(model.config, src, max_tokens, bos_id, eos_id)
     check_positive(beam_size, "beam_size")
@@ -99,7 +101,7 @@ def beam_search(
         # Each source is repeated once per beam: rows b*k .. b*k + k-1 are source b's.
         memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
     memory_mask = src_mask.repeat_interleave(k, dim=0)
-    cache = model.decoder.new_cache(memory, max_tokens - 1)
+    cache = model.decoder.new_cache(memory, max_tokens - 1) if use_cache else None
 
     ys = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((batch, k), float("-inf"), device=device)
@@ -113,8 +115,12 @@ def beam_search(
     offsets = torch.arange(batch, device=device).unsqueeze(1) * k
 
     for step in range(1, max_tokens):
+        tgt = ys[:, -1:] if use_cache else ys  # cache: the newest token only
+        mask = None if use_cache else causal_mask(step, device)
         with trusted_ids():
-            hidden = model.decode(memory, ys[:, -1:], src_mask=memory_mask, cache=cache)
+            hidden = model.decode(
+                memory, tgt, src_mask=memory_mask, tgt_mask=mask, cache=cache
+            )
         log_probs = model.generator(hidden[:, -1]).log_softmax(dim=-1)
         log_probs = log_probs.view(batch, k, vocab)
         log_probs = torch.where(finished.unsqueeze(-1), pad_only, log_probs)
@@ -133,7 +139,8 @@ def beam_search(
         if eos_id is not None:
             finished = finished | (token == eos_id)
         ys = torch.cat([ys.index_select(0, rows), token.view(-1, 1)], dim=1)
-        cache.reorder(rows)
+        if cache is not None:
+            cache.reorder(rows)
         if step % CHECK_EVERY == 0 and finished.all():
             break
 

@@ -24,10 +24,9 @@ import hashlib
 import io
 import random
 import re
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 import torch
@@ -39,19 +38,18 @@ from .attention import record_attention
 from .data import BOS, EOS, PAD, Batch, Vocabulary
 from .embedding import TokenEmbedding
 from .encoder import EncoderLayer
-from .inference import greedy_decode
-from .masking import causal_mask
-from .model import ModelConfig, Transformer, make_model
+from .inference import beam_search, greedy_decode
+from .masking import target_mask
+from .model import ModelConfig, Transformer, init_weights, make_model
 from .positional import PositionalEncoding
 from .recipes import Recipe
 from .runtime import seed_everything
-from .training import LabelSmoothingLoss, fit, strip_sequences
+from .training import fit, strip_sequences
 
 LIMIT = 1_000_000  # 0 .. 999,999: "eine Million" is two words
 DIGITS = range(1, 7)  # the strata: numbers with 1, 2, ..., 6 digits
 SPLIT_SEED = 11  # the data's own seed: the same three sets on every book seed
 PER_STRATUM = 200  # validation and test numbers per digit count (at most)
-SEP = "<sep>"  # the decoder-only model's separator
 
 
 # --- the words ---------------------------------------------------------------
@@ -306,15 +304,20 @@ class NumberTask:
 
 
 class DecoderOnly(nn.Module):
-    """One stack of self-attention layers under a causal mask, no encoder, no
-    cross-attention: ``tokens (batch, seq)`` → logits ``(batch, seq, vocab)``.
-    Built from the package's parts: ``EncoderLayer`` is self-attention + FFN,
-    and the causal mask makes each position see only those before it."""
+    """One stack of self-attention layers under a causal mask, with no encoder
+    and no cross-attention. It reads ``src (batch, S)`` and ``tgt (batch, T)``
+    as one sequence and returns the logits of ``tgt``'s positions, ``(batch,
+    T, tgt_vocab_size)``: the encoder–decoder's call, so ``fit``,
+    ``greedy_decode`` and ``beam_search`` run it as they are (decoding with
+    ``use_cache=False``: it keeps no KV cache). Built from the package's
+    parts: an ``EncoderLayer`` is self-attention and a feed-forward network,
+    and the causal mask lets each position see only those before it."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = self.config = config
-        self.embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, c.pad_id)
+        # It reads both languages (src_vocab_size) and writes German only.
+        self.embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)
         self.positional = PositionalEncoding(c.d_model, c.max_len, c.dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first)
@@ -322,75 +325,82 @@ class DecoderOnly(nn.Module):
         )
         self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        mask = causal_mask(tokens.shape[1], tokens.device)
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """No encoder: the "memory" the decoding loops hand back is ``src``."""
+        return src
+
+    def decode(
+        self,
+        memory: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        cache: object | None = None,
+    ) -> Tensor:
+        """Hidden states of ``tgt``'s positions ``(batch, T, d_model)``. The
+        mask is made here, from the tokens: causal, and padding hidden."""
+        if cache is not None:
+            raise ValueError("cache: this model keeps none; use use_cache=False")
+        tokens = torch.cat([memory, tgt], dim=1)  # the source, then the target
+        mask = target_mask(tokens, self.config.pad_id)
         x = self.positional(self.embed(tokens))
         for layer in self.layers:
             x = layer(x, mask)
-        return self.generator(x)
+        return x[:, memory.shape[1] :]
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        return self.generator(self.decode(self.encode(src), tgt))
 
 
 class JointTask:
-    """The task as one sequence: English words, ``<sep>``, German pieces,
-    ``<eos>``. One vocabulary: the pieces' ids, then ``<sep>``, then the
-    English words. The loss reads only the German part."""
+    """The task for :class:`DecoderOnly`: the English words, then ``<bos>``,
+    the German pieces and ``<eos>``, as one sequence. One vocabulary: the
+    German pieces' ids (``<pad>``, ``<bos>``, ``<eos>`` first), then the
+    English words. Each source is padded on the left, so ``<bos>`` stands at
+    the same position in every row. The loss reads only the German part."""
 
     def __init__(self, task: NumberTask) -> None:
         self.task = task
-        self.sep_id = task.tgt_vocab_size
-        self.offset = self.sep_id + 1 - 3  # English id i (>= 3) -> i + offset
-        self.vocab_size = self.sep_id + 1 + len(task.src_vocab) - 3
-        self.src_len = task.src_len - 1  # without the source's <eos>
+        self.offset = task.tgt_vocab_size - 3  # English id i (>= 3) -> i + offset
+        self.src_vocab_size = self.offset + task.src_vocab_size  # both languages
+        self.tgt_vocab_size = task.tgt_vocab_size  # German only
 
     def encode(self, numbers: Sequence[int]) -> tuple[Tensor, Tensor]:
-        """``tokens (n, L)`` and ``targets (n, L)``: the next token where it is
-        German (or ``<eos>``), padding elsewhere."""
+        """``src (n, src_len - 1)``: the English words in the joint vocabulary,
+        padded on the left (``<bos>`` ends them, not ``<eos>``); ``tgt`` as
+        :meth:`NumberTask.encode` gives it."""
         src, tgt = self.task.encode(numbers)
-        words = (src + self.offset).masked_fill(src < 3, 0)[:, : self.src_len]
-        sep = torch.full((len(numbers), 1), self.sep_id)
-        seq = torch.cat([words, sep, tgt[:, 1:]], dim=1)  # German after <sep>
-        # Source padding moves to the end: left-align each row.
-        order = (seq == 0).long().argsort(dim=1, stable=True)
-        seq = seq.gather(1, order)
-        targets = seq[:, 1:].clone()
-        german = (seq[:, :-1] == self.sep_id).long().cumsum(1).bool()
-        targets[~german] = 0
-        width = int((seq != 0).sum(1).max())  # drop columns of padding only
-        return seq[:, : width - 1], targets[:, : width - 1]
+        words = (src + self.offset).masked_fill(src < 3, self.task.pad_id)
+        padding_first = (words != self.task.pad_id).long().argsort(dim=1, stable=True)
+        return words.gather(1, padding_first)[:, 1:], tgt
 
-    def prompts(self, numbers: Sequence[int]) -> list[list[int]]:
-        src, _ = self.task.encode(numbers)
-        rows = (src + self.offset).masked_fill(src < 3, 0)[:, : self.src_len]
-        return [[t for t in r if t] + [self.sep_id] for r in rows.tolist()]
+    def train_batch(
+        self, batch_size: int, rng: random.Random, uniform: bool = False
+    ) -> Batch:
+        numbers = sample_training(self.task.split, batch_size, rng, uniform)
+        return Batch.from_pairs(*self.encode(numbers), pad_id=self.task.pad_id)
 
 
-@torch.no_grad()
-def decoder_only_greedy(
-    model: DecoderOnly, joint: JointTask, numbers: Sequence[int], max_new: int
+def translate(
+    model: nn.Module, task: NumberTask, numbers: Sequence[int], beam_size: int = 1
 ) -> list[str]:
-    """Greedy continuation of each prompt (English, ``<sep>``) up to ``<eos>``,
-    as German words. Prompts of one length go together."""
-    model.eval()
+    """German words for ``numbers`` from either model: greedy decoding, or
+    beam search (α = 0.6) with ``beam_size`` > 1."""
+    decoder_only = isinstance(model, DecoderOnly)
+    src = (JointTask(task) if decoder_only else task).encode(numbers)[0]
     device = next(model.parameters()).device
-    prompts = joint.prompts(numbers)
-    out: list[str] = [""] * len(numbers)
-    by_length: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        by_length.setdefault(len(p), []).append(i)
-    for rows in by_length.values():
-        ys = torch.tensor([prompts[i] for i in rows], device=device)
-        start = ys.shape[1]
-        for _ in range(max_new):
-            nxt = model(ys)[:, -1].argmax(-1, keepdim=True)
-            ys = torch.cat([ys, nxt], dim=1)
-            if (ys[:, start:] == joint.task.eos_id).any(1).all():
-                break
-        for i, row in zip(rows, ys[:, start:].tolist()):
-            row = (
-                row[: row.index(joint.task.eos_id)] if joint.task.eos_id in row else row
-            )
-            out[i] = joint.task.decode(t for t in row if t < joint.sep_id and t > 2)
-    return out
+    args = (model, src.to(device), task.tgt_len, task.bos_id, task.eos_id)
+    if beam_size == 1:
+        ys = greedy_decode(*args, use_cache=not decoder_only)
+    else:
+        ys = beam_search(*args, beam_size, alpha=0.6, use_cache=not decoder_only)
+    return task.translations(ys.cpu())
 
 
 # --- word order -------------------------------------------------------------------
@@ -435,6 +445,9 @@ RECIPE = Recipe(
     clip_norm=1.0, adam_eps=1e-9, max_steps=600, eval_every=50, target=0.995,
     taper=True, average=0.99,
 )  # fmt: skip
+# The decoder-only model's sizes against the recipe's: twice the layers, no
+# cross-attention, so about as many parameters as the encoder–decoder.
+DECODER_ONLY = dict(num_layers=4, d_ff=320)
 
 
 @dataclass
@@ -449,14 +462,11 @@ class TrainedNumbers:
     validation: float  # exact match on the validation set, which chose the model
 
 
-def exact_on_validation(model: Transformer, task: NumberTask) -> float:
+def exact_on_validation(model: nn.Module, task: NumberTask) -> float:
     """Exact match of greedy decoding on the task's validation numbers (the recipes'
     ``validation_accuracy`` is the dates and copy tasks')."""
     numbers = task.numbers("validation")
-    src, _ = task.encode(numbers)
-    device = next(model.parameters()).device
-    ys = greedy_decode(model, src.to(device), task.tgt_len, task.bos_id, task.eos_id)
-    said = task.translations(ys.cpu())
+    said = translate(model, task, numbers)
     return sum(s == german_words(n) for s, n in zip(said, numbers)) / len(numbers)
 
 
@@ -467,21 +477,29 @@ def train_numbers(
     progress: bool = False,
     uniform: bool = False,
     steps: int | None = None,
+    decoder_only: bool = False,
 ) -> TrainedNumbers:
-    """Train the encoder–decoder with :data:`RECIPE` and ``seed``; the weight
-    average is scored on the validation set every ``eval_every`` steps and
-    training stops when it is perfect. With ``steps``, exactly that many steps
-    and no validation; with ``uniform``, numbers drawn from the whole range."""
+    """Train the encoder–decoder (or, with ``decoder_only``, the
+    :class:`DecoderOnly` of :data:`DECODER_ONLY`'s sizes) with :data:`RECIPE` and
+    ``seed``; the weight average is scored on the validation set every
+    ``eval_every`` steps and training stops when it is perfect. With ``steps``,
+    exactly that many steps and no validation; with ``uniform``, numbers drawn
+    from the whole range."""
     device = device or torch.device("cpu")
     task = task or NumberTask()
     seed_everything(seed)
     r = RECIPE
-    model = make_model(r.model_config(task)).to(device)
+    if decoder_only:
+        source = JointTask(task)
+        config = replace(r.model_config(source), **DECODER_ONLY)
+        model = init_weights(DecoderOnly(config)).to(device)
+    else:
+        source, model = task, make_model(r.model_config(task)).to(device)
     optimizer, schedule = r.optimizer(model)
     rng = random.Random(seed + 1)
     evaluate = None if steps else lambda m: exact_on_validation(m, task)
     history = fit(
-        model, lambda step: task.train_batch(r.batch_size, rng, uniform),
+        model, lambda step: source.train_batch(r.batch_size, rng, uniform),
         steps or r.max_steps, optimizer, schedule, loss_fn=r.loss_fn(model.config),
         evaluate=evaluate, eval_every=r.eval_every, stop_at=r.target,
         progress=progress, clip_norm=r.clip_norm, average=r.average,
@@ -490,50 +508,6 @@ def train_numbers(
     validation = history.eval_metric[-1] if history.eval_metric else float("nan")
     return TrainedNumbers(
         model, task, seed, history.step[-1], history.seconds, validation
-    )
-
-
-def train_decoder_only(
-    task: NumberTask,
-    steps: int,
-    seed: int = 0,
-    d_model: int = 64,
-    num_layers: int = 4,
-    d_ff: int = 320,
-    device: torch.device | None = None,
-) -> TrainedNumbers:
-    """The decoder-only model, trained like :func:`train_numbers`' model: the same
-    batches (numbers), batch size, steps, schedule, loss, clipping and average."""
-    device = device or torch.device("cpu")
-    joint, r = JointTask(task), RECIPE
-    seed_everything(seed)
-    config = ModelConfig.small(
-        joint.vocab_size, joint.vocab_size, d_model=d_model, num_layers=num_layers,
-        dropout=r.dropout, num_heads=r.num_heads, d_ff=d_ff,
-    )  # fmt: skip
-    from .model import init_weights
-    from .training import noam_optimizer, weight_average
-
-    model = init_weights(DecoderOnly(config)).to(device)
-    optimizer, schedule = noam_optimizer(
-        model, r.d_model, r.warmup, r.lr_factor, r.adam_eps, r.taper_steps
-    )
-    loss_fn = LabelSmoothingLoss(joint.vocab_size, r.smoothing, 0)
-    averaged = weight_average(model, r.average)
-    rng, start = random.Random(seed + 1), time.perf_counter()
-    for _ in range(steps):
-        tokens, targets = joint.encode(sample_training(task.split, r.batch_size, rng))
-        model.train()
-        loss = loss_fn(model(tokens.to(device)), targets.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), r.clip_norm)
-        optimizer.step()
-        schedule.step()
-        averaged.update_parameters(model)
-    seconds = time.perf_counter() - start
-    return TrainedNumbers(
-        averaged.module.eval(), task, seed, steps, seconds, float("nan")
     )
 
 
