@@ -7,6 +7,7 @@ Everything runs on the CPU, with a tiny model, in well under a minute.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -186,6 +187,16 @@ def test_dates_task_and_bf16_autocast_run_on_the_cpu(
     assert 0.0 < records[0]["loss"] < 10.0 and 0.0 <= records[0]["exact_match"] <= 1.0
 
 
+def test_options_are_the_recipe_fields_and_zero_turns_clipping_and_the_average_off(tmp_path: Path) -> None:
+    base = ["--task", "copy", "--out", str(tmp_path / "x.pt")]
+    args, r, _ = cli.parse_args([*base, "--num-layers", "3", "--no-taper", "--clip-norm", "0", "--average", "0"])
+    assert r == dataclasses.replace(
+        transformer_book.recipe("copy"), num_layers=3, taper=False, clip_norm=None, average=None
+    )
+    assert cli.parse_args(base)[1] == transformer_book.recipe("copy")  # every option left out: the recipe's value
+    assert args.seed == 0 and args.resume is None and not args.bf16
+
+
 @pytest.mark.parametrize(
     ("extra", "world_size", "message"),
     [
@@ -194,10 +205,14 @@ def test_dates_task_and_bf16_autocast_run_on_the_cpu(
         (["--d-model", "30", "--num-heads", "4"], 1, "--d-model=30 is not divisible by --num-heads=4"),
         (["--d-model", "0"], 1, "--d-model must be a positive"),
         (["--dropout", "1.0"], 1, "--dropout must be in"),
-        (["--lr-factor", "-1"], 1, "--lr-factor"),
-        (["--eval-every", "-5"], 1, "--eval-every"),
-        (["--average", "1.5"], 1, "--average must be 0 or in \\(0, 1\\), got 1.5"),
-        (["--resume", "no/such/file.pt"], 1, "--resume=no/such/file.pt"),
+        (["--lr-factor", "-1"], 1, "--lr-factor must be a positive number, got -1.0"),
+        (["--eval-every", "-5"], 1, "--eval-every must be 0 or positive, got -5"),
+        (["--average", "1.5"], 1, "--average must be in \\[0, 1\\), got 1.5"),  # 0: no average
+        (["--warmup", "0"], 1, "--warmup must be a positive integer, got 0"),
+        (["--adam-eps", "0"], 1, "--adam-eps must be a positive number, got 0.0"),
+        (["--eval-size", "0"], 1, "--eval-size must be a positive integer, got 0"),
+        (["--resume", "no/such/file.pt"], 1, "--resume=no/such/file.pt: no such file"),
+        (["--out", "."], 1, "--out=. is a directory"),
     ],
 )
 def test_bad_arguments_raise_value_errors_naming_the_option(
