@@ -333,6 +333,7 @@ class DecoderOnly(nn.Module):
         self,
         memory: Tensor,
         tgt: Tensor,
+        *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         cache: object | None = None,

@@ -25,9 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TextIO
 
-from tqdm import (
-    tqdm,
-)  # the text bar: tqdm.auto needs ipywidgets in a notebook and warns without it
+# The text bar: tqdm.auto needs ipywidgets in a notebook and warns without it.
+from tqdm import tqdm
 
 __all__ = ["ProgressBar", "in_notebook_kernel"]
 
@@ -202,9 +201,8 @@ class ProgressBar:
         }
 
     def _draw(self, force: bool = False) -> None:
-        if (
-            self._handle is None
-        ):  # no front end took the output (IPython's display outside a kernel)
+        # No front end took the output (IPython's display outside a kernel).
+        if self._handle is None:
             return
         now = time.perf_counter()
         if force or now - self._last_draw >= self._interval:

@@ -67,13 +67,11 @@ class Recipe:
     num_heads: int = 4
     d_ff: int = 256
     num_layers: int = 2
-    norm_first: bool = (
-        False  # LayerNorm before each sublayer (pre-norm) instead of after it
-    )
+    # LayerNorm before each sublayer (pre-norm) instead of after it
+    norm_first: bool = False
     taper: bool = False  # the rate also falls linearly to zero at max_steps (noam_rate's total_steps)
-    average: float | None = (
-        None  # evaluate and keep an average of the weights with this decay (fit's average)
-    )
+    # Evaluate and keep an average of the weights with this decay (fit's average).
+    average: float | None = None
 
     def make_task(self, seed: int = 0) -> Task:
         """The task with its validation and test sets drawn from ``seed``."""
@@ -234,9 +232,8 @@ def checkpoint_state(trained: TrainedModel) -> dict:
         "steps": trained.steps,
         "accuracy": trained.accuracy,  # the test set's
         "validation": trained.validation,
-        "torch": str(
-            torch.__version__
-        ),  # a plain string: weights_only loading refuses TorchVersion
+        # A plain string: weights_only loading refuses TorchVersion.
+        "torch": str(torch.__version__),
     }
 
 
@@ -255,9 +252,8 @@ def read_checkpoint(folder: Path | Traversable, name: str) -> dict:
         )
     data = file.read_bytes()
     sums = (folder / "SHA256SUMS").read_text().split()
-    expected = dict(
-        zip(sums[1::2], sums[0::2])
-    )  # file name -> digest, as sha256sum writes them
+    # file name -> digest, as sha256sum writes them
+    expected = dict(zip(sums[1::2], sums[0::2]))
     if expected.get(file.name) != checkpoint_digest(data):
         raise ValueError(
             f"checkpoint {file}: its SHA-256 does not match SHA256SUMS (corrupt or replaced)"

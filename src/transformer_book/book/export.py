@@ -108,9 +108,8 @@ class DecoderGraph(nn.Module):
         causal = causal_mask(length, tgt.device)
         x = self.model.tgt_embed.lookup(tgt) * math.sqrt(c.d_model) + self.pe[:length]
         last = self.model.decoder.layers[-1]
-        with record_attention(
-            last
-        ) as weights:  # the last layer's attentions keep their weights
+        # The last layer's attentions keep their weights.
+        with record_attention(last) as weights:
             hidden = self.model.decoder(x, memory, src_mask=src_mask, tgt_mask=causal)
         return self.model.generator(hidden), weights["cross_attn"]
 
@@ -153,26 +152,23 @@ def tokenizer_spec(trained: TrainedModel) -> dict:
         "num_heads": config.num_heads,
         "num_layers": config.num_layers,
         "d_model": config.d_model,
-        "first_year": min(
-            task.sources
-        ).year,  # the dates it was trained on span these years
+        # The dates it was trained on span these years.
+        "first_year": min(task.sources).year,
         "last_year": max(task.sources).year,
         "recipe": trained.recipe.task,
         "seed": trained.seed,
         "steps": trained.steps,
         "accuracy": trained.accuracy,
-        "examples": [
-            date_to_french(d) for d in task.test_dates[:4]
-        ],  # as a reader writes them
+        # As a reader writes them:
+        "examples": [date_to_french(d) for d in task.test_dates[:4]],
     }
 
 
 @contextlib.contextmanager
 def _quiet_exporter():
     """Silence what the exporter says about its own internals (not about the model)."""
-    registry = logging.getLogger(
-        "torch.onnx._internal.exporter._registration"
-    )  # "torchvision is not installed"
+    # It says "torchvision is not installed".
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registry.level
     registry.setLevel(logging.ERROR)
     try:
@@ -272,12 +268,10 @@ class OnnxDecoding:
     """One greedy decoding by the exported graphs: what the page shows."""
 
     ids: list[int]  # <bos>, the chosen ids, <eos> (if produced)
-    probabilities: (
-        np.ndarray
-    )  # (steps, tgt_vocab): the distribution each step chose from
-    cross_attention: (
-        np.ndarray
-    )  # (heads, len(ids) - 1, source words): last layer, last step
+    # (steps, tgt_vocab): the distribution each step chose from
+    probabilities: np.ndarray
+    # (heads, len(ids) - 1, source words): last layer, last step
+    cross_attention: np.ndarray
 
 
 def onnx_greedy_decode(
@@ -295,9 +289,8 @@ def onnx_greedy_decode(
         sessions = onnx_sessions(export)
     encoder, decoder = sessions
     known = spec["source_tokens"]
-    unknown = [
-        w for w in words if w not in known[3:]
-    ]  # ids 0-2 are <pad>, <bos>, <eos>
+    # ids 0-2 are <pad>, <bos>, <eos>
+    unknown = [w for w in words if w not in known[3:]]
     if unknown:
         raise ValueError(f"words holds words the model does not know: {unknown}")
     if not 0 < len(words) <= spec["src_len"]:
@@ -332,9 +325,8 @@ def onnx_sessions(export: OnnxExport) -> tuple:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = (
-        1  # tiny graphs: threads only cost
-    )
+    # Tiny graphs: threads only cost.
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
     return tuple(
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         for path in (export.encoder, export.decoder)

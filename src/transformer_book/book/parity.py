@@ -104,9 +104,8 @@ def to_pytorch(module: nn.Module) -> nn.Module:
         theirs.layers = nn.ModuleList(layers)
     elif isinstance(module, Transformer):
         c = module.config
-        with (
-            warnings.catch_warnings()
-        ):  # its default stacks, replaced below, warn about nested tensors
+        # Its default stacks, replaced below, warn about nested tensors.
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             theirs = nn.Transformer(
                 c.d_model,

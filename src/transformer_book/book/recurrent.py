@@ -47,9 +47,8 @@ class RecurrentConfig:
 
     src_vocab_size: int
     tgt_vocab_size: int
-    hidden: int = (
-        64  # width of the decoder's state; each encoder direction has hidden // 2
-    )
+    # The width of the decoder's state; each encoder direction has hidden // 2.
+    hidden: int = 64
     embed: int = 32
     attention: bool = False
     pad_id: int = 0
@@ -80,9 +79,8 @@ class RecurrentSeq2Seq(nn.Module):
         self.encoder = nn.GRU(
             config.embed, h // 2, batch_first=True, bidirectional=True
         )
-        self.bridge = nn.Linear(
-            h, h
-        )  # final encoder states -> the decoder's first state
+        # final encoder states -> the decoder's first state
+        self.bridge = nn.Linear(h, h)
         context = h if config.attention else 0
         self.decoder = nn.GRU(config.embed + context, h, batch_first=True)
         if config.attention:  # additive score v·tanh(W_s s + W_h h_j)
@@ -134,9 +132,8 @@ class RecurrentSeq2Seq(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         states, state, mask = self.encode(src)
-        if (
-            not self.config.attention
-        ):  # no context to recompute: one call over the whole target
+        # No context to recompute: one call over the whole target.
+        if not self.config.attention:
             out, _ = self.decoder(self.tgt_embed(tgt_in), state)
             return self.generator(out)
         logits = []
@@ -283,9 +280,8 @@ class BaselineRecipe:
     lr: float = 3e-3
     clip_norm: float = 1.0
     steps: int = 1000
-    eval_every: int = (
-        100  # steps between checks on the first ``eval_rows`` held-out dates
-    )
+    # Steps between checks on the first ``eval_rows`` held-out dates.
+    eval_every: int = 100
     eval_rows: int = 250
 
 
@@ -304,9 +300,8 @@ class TrainedBaseline:
     name: str
     seed: int
     accuracy: float  # exact match on the task's held-out set
-    curve: list[
-        tuple[int, float]
-    ]  # (step, exact match on the first eval_rows held-out dates)
+    # (step, exact match on the first eval_rows held-out dates)
+    curve: list[tuple[int, float]]
 
 
 def train_baseline(
