@@ -10,13 +10,16 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-PATTERN = re.compile(r"```\{literalinclude\}\s+\.\./(?:\.\./)?src/transformer_book/(\w+)\.py\s*\n:pyobject:\s*([\w.]+)")
+# The module may sit in a subfolder: chapter 10 shows book/export.py.
+PATTERN = re.compile(
+    r"```\{literalinclude\}\s+\.\./(?:\.\./)?src/transformer_book/((?:\w+/)*\w+)\.py\s*\n:pyobject:\s*([\w.]+)"
+)
 
 
 @dataclass(frozen=True)
 class Listing:
     notebook: str  # e.g. "03_attention.ipynb"
-    module: str  # e.g. "attention"
+    module: str  # e.g. "attention", or "book.export" for src/transformer_book/book/export.py
     name: str  # e.g. "scaled_dot_product_attention" or "MultiHeadAttention.forward"
 
     @property
@@ -25,7 +28,7 @@ class Listing:
 
     def source(self) -> str:
         """The lines the page shows: decorators, signature, docstring and body, dedented."""
-        text = (ROOT / "src" / "transformer_book" / f"{self.module}.py").read_text()
+        text = (ROOT / "src" / "transformer_book" / f"{self.module.replace('.', '/')}.py").read_text()
         node: ast.AST = ast.parse(text)
         for part in self.name.split("."):
             node = next(
@@ -47,5 +50,5 @@ def listings() -> list[Listing]:
         for cell in notebook.cells:
             if cell.cell_type == "markdown":
                 for module, name in PATTERN.findall(cell.source):
-                    found.append(Listing(path.name, module, name))
+                    found.append(Listing(path.name, module.replace("/", "."), name))
     return found
