@@ -8,6 +8,7 @@ reads the notebooks' code cells itself.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -41,3 +42,29 @@ def test_ruff_would_catch_a_long_chapter_line(tmp_path: Path):
         proc = subprocess.run([_ruff(), "format", "--check", *extra, str(probe)], capture_output=True,
                               text=True, cwd=REPO_ROOT, timeout=60)  # fmt: skip
         assert (proc.returncode != 0) == reformats, proc.stdout
+
+
+# A comment the formatter pushed off its statement: after a closing bracket, or alone inside
+# brackets that wrap a single value ("x = (\n    1  # why\n)").
+AFTER_CLOSE = re.compile(r"^\s*[\)\]\}][^#]*#(?! fmt: skip)")
+WRAPPED = re.compile(r"[:=] \($")
+
+
+def split_comments(text: str) -> list[str]:
+    lines = text.splitlines()
+    found = [line for line in lines if AFTER_CLOSE.match(line)]
+    for i, line in enumerate(lines[:-2]):
+        if WRAPPED.search(line) and "#" in lines[i + 1] and lines[i + 2].strip().startswith(")"):
+            found.append(lines[i + 1])
+    return found
+
+
+def test_no_comment_in_the_package_is_split_by_the_formatter():
+    """The package's files are the book's listings: each comment stays on its line."""
+    assert split_comments("x = f(\n    a\n)  # why\ny = (\n    1  # why\n)\n") == [")  # why", "    1  # why"]
+    found = {
+        str(path.relative_to(REPO_ROOT)): hits
+        for path in sorted((REPO_ROOT / "src").rglob("*.py"))
+        if (hits := split_comments(path.read_text()))
+    }
+    assert not found, f"comments split from their statements (move each above it): {found}"

@@ -31,8 +31,10 @@ Adding a chapter's graded parts
 
 Write ``chNN_topic.py`` beside the others: for each part, a function returning its
 ``engine.Case`` list, a runner (``run_function(("output",))`` from ``engine`` for a plain function),
-its mistakes (``Mistake(name, does, variants, section=..., did=...)``, each variant a broken version
-with the part's own signature) and finally ``PARTS = (Part(...), ...)``. Then add the module's name
+its broken versions (one factory that makes a version of the part, with its own signature, with
+one thing changed; ``engine._signature_of`` gives a function the package's), its mistakes
+(``mistake = results.mistake_maker(factory)``, then ``mistake(name, did, does, **changes)`` for
+each) and finally ``PARTS = (Part(...), ...)``. Then add the module's name
 to ``CHAPTER_MODULES`` below. ``tests/test_exercises_bank.py`` then asks for at least six wrong
 reader versions of each part, each failed with its named mistake.
 """

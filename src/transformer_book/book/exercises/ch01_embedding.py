@@ -11,21 +11,9 @@ from torch import Tensor, nn
 
 from ...embedding import TokenEmbedding
 from .compare import _shape
-from .engine import (
-    Case,
-    Part,
-    _build,
-    _call,
-    _display,
-    _generator,
-    _ReaderProblem,
-)
-from .results import Mistake
-from .sections import (
-    _CH1,
-    _CH1_COPY,
-    _CH1_PAD,
-)
+from .engine import Case, Part, _build, _forward, _generator, _ReaderProblem
+from .results import mistake_maker
+from .sections import _CH1, _CH1_COPY, _CH1_PAD
 
 
 def _embedding_cases() -> list[Case]:
@@ -40,9 +28,8 @@ def _embedding_cases() -> list[Case]:
         def inputs() -> dict[str, Any]:
             g = _generator(offset)
             tokens = torch.randint(0, vocab, shape, generator=g)
-            tokens.view(-1)[0] = (
-                vocab - 1
-            )  # the last id is where a table one row short fails
+            # the last id is where a table one row short fails
+            tokens.view(-1)[0] = vocab - 1
             table = torch.randn(vocab, d_model, generator=g, dtype=torch.float64).to(
                 dtype
             )
@@ -102,7 +89,7 @@ def _run_embedding(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     with torch.no_grad():
         table.copy_(inputs["table"])
     tokens = inputs["tokens"]
-    output = _call(f"Your {_display(cls)}'s forward", module, tokens)
+    output = _forward(cls, module, tokens)
     outputs = {"table shape": (vocab, d_model), "output": output}
     if (
         padding_idx is not None
@@ -121,7 +108,9 @@ def _run_embedding(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _embedding_variant(
-    scale: Callable[[int, int], float], padding: bool = True, rows: int = 0
+    scale: Callable[[int, int], float] = lambda d, v: math.sqrt(d),
+    padding: bool = True,
+    rows: int = 0,
 ) -> type:
     """A TokenEmbedding that multiplies by ``scale(d_model, vocab_size)``, with ``rows`` rows more
     (or fewer) than the vocabulary, and with or without the padding row."""
@@ -142,48 +131,50 @@ def _embedding_variant(
     return Variant
 
 
+_mistake = mistake_maker(_embedding_variant)
+
 _EMBEDDING_MISTAKES = (
-    Mistake(
+    _mistake(
         "missing_scale",
+        "returned the lookup without multiplying by √d_model",
         "the vectors are not multiplied by √d_model; the package, like the paper, returns lookup(tokens) · √d_model",
-        (_embedding_variant(lambda d, v: 1.0),),
+        scale=lambda d, v: 1.0,
         errata=(63,),
-        did="returned the lookup without multiplying by √d_model",
     ),
-    Mistake(
+    _mistake(
         "scaled_by_d_model",
+        "multiplied by d_model",
         "the vectors are multiplied by d_model itself, not by its square root",
-        (_embedding_variant(lambda d, v: float(d)),),
-        did="multiplied by d_model",
+        scale=lambda d, v: float(d),
     ),
-    Mistake(
+    _mistake(
         "divided_by_sqrt_d_model",
+        "divided by √d_model",
         "the vectors are divided by √d_model, where the package multiplies by it",
-        (_embedding_variant(lambda d, v: 1.0 / math.sqrt(d)),),
-        did="divided by √d_model",
+        scale=lambda d, v: 1.0 / math.sqrt(d),
     ),
-    Mistake(
+    _mistake(
         "scaled_by_sqrt_vocab_size",
+        "multiplied by √vocab_size",
         "the vectors are multiplied by √vocab_size; the factor is √d_model, the width of the vectors",
-        (_embedding_variant(lambda d, v: math.sqrt(v)),),
-        did="multiplied by √vocab_size",
+        scale=lambda d, v: math.sqrt(v),
     ),
-    Mistake(
+    _mistake(
         "padding_idx_ignored",
+        "built nn.Embedding without padding_idx",
         "the padding row receives a gradient: the table is built without padding_idx, so training "
         "would move the padding vector away from zero",
-        (_embedding_variant(lambda d, v: math.sqrt(d), padding=False),),
+        padding=False,
         section=_CH1_PAD,
-        did="built nn.Embedding without padding_idx",
     ),
-    Mistake(
+    _mistake(
         "table_one_row_short",
+        "made the table vocab_size − 1 rows long",
         "the table has vocab_size − 1 rows; ids count from 0, so the last id, vocab_size − 1, needs a row "
         "of its own (padding included)",
-        (_embedding_variant(lambda d, v: math.sqrt(d), rows=-1),),
+        rows=-1,
         section=_CH1_COPY,
         errata=(33,),
-        did="made the table vocab_size − 1 rows long",
     ),
 )
 
@@ -191,7 +182,6 @@ _EMBEDDING_MISTAKES = (
 PARTS = (
     Part(
         "TokenEmbedding",
-        "class",
         TokenEmbedding,
         "class (vocab_size, d_model, padding_idx=None); forward(tokens) → (batch, seq, d_model)",
         _CH1,

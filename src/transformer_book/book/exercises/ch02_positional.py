@@ -9,18 +9,9 @@ import torch
 from torch import Tensor
 
 from ...positional import sinusoidal_positional_encoding
-from .engine import (
-    Case,
-    Part,
-    run_function,
-)
-from .results import Mistake
-from .sections import (
-    _CH2_FORMULA,
-    _CH2_LAYOUT,
-    _CH2_PICTURE,
-    _CH2_WORKED,
-)
+from .engine import Case, Part, _signature_of, run_function
+from .results import mistake_maker
+from .sections import _CH2_FORMULA, _CH2_LAYOUT, _CH2_PICTURE, _CH2_WORKED
 
 
 def _pe_cases() -> list[Case]:
@@ -49,27 +40,26 @@ def _pe_variant(
     *,
     first_position: int = 0,
     cos_first: bool = False,
-    concatenate: bool = False,
+    layout: str = "asked",
     index: str = "pair",
     exponent: Callable[[Tensor, int], Tensor] = lambda i, d: 2 * i / d,
     sign: float = -1.0,
     sine_only: bool = False,
 ) -> Callable[..., Tensor]:
     """A positional encoding with one thing changed: where positions start, which of sine and cosine
-    comes first, the layout, what the exponent's ``i`` counts, the exponent, or cosines left out."""
+    comes first, the layout ("asked" by ``interleaved``, else always "concatenated" or
+    "interleaved"), what the exponent's ``i`` counts, the exponent, or cosines left out."""
 
-    def encoding(
-        max_len: int,
-        d_model: int,
-        interleaved: bool = True,
-        dtype: torch.dtype = torch.float32,
-    ) -> Tensor:
+    @_signature_of(sinusoidal_positional_encoding)
+    def encoding(max_len: int, d_model: int, interleaved: bool, dtype: torch.dtype):
         position = torch.arange(
             first_position, first_position + max_len, dtype=torch.float64
         )[:, None]
         column = torch.arange(d_model)
         half = d_model // 2
-        concatenated = concatenate or not interleaved
+        concatenated = layout == "concatenated" or (
+            layout == "asked" and not interleaved
+        )
         pair = column % half if concatenated else column // 2
         is_sine = column < half if concatenated else column % 2 == 0
         i = pair if index == "pair" else column
@@ -80,86 +70,76 @@ def _pe_variant(
     return encoding
 
 
-def _pe_columns_from_one(
-    max_len: int,
-    d_model: int,
-    interleaved: bool = True,
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
-    """Entry (p, j), j counted from 1: sin(p / 10000^(j/d)) for even j, cos(p / 10000^((j-1)/d)) for odd j."""
-    position = torch.arange(max_len, dtype=torch.float64)[:, None]
-    j = torch.arange(1, d_model + 1, dtype=torch.float64)
-    even = j % 2 == 0
-    angle = position / 10000.0 ** (torch.where(even, j, j - 1) / d_model)
-    return torch.where(even, angle.sin(), angle.cos()).to(dtype)
-
+_mistake = mistake_maker(_pe_variant)
 
 _PE_MISTAKES = (
-    Mistake(
+    _mistake(
         "sine_cosine_swapped",
+        "put cos in the even columns and sin in the odd ones",
         "the even columns hold cosines and the odd columns sines; the paper puts the sine in column 2i",
-        (_pe_variant(cos_first=True),),
-        did="put cos in the even columns and sin in the odd ones",
+        cos_first=True,
     ),
-    Mistake(
+    _mistake(
         "positions_from_one",
+        "counted positions from 1",
         "positions are counted from 1, so each row holds what the package's table has one row further down. "
         "The package counts from 0, as tensor2tensor and the Annotated Transformer do (its row 0 is sin 0 = 0, "
         "cos 0 = 1); either convention works on its own, but mixing the two shifts every position by one",
-        (_pe_variant(first_position=1),),
+        first_position=1,
         section=_CH2_WORKED,
         errata=(1, 22),
-        did="counted positions from 1",
     ),
-    Mistake(
+    _mistake(
         "halves_concatenated",
+        "put all the sines first and the cosines after them",
         "all sines come first and all cosines after them (tensor2tensor's column order): the same numbers, "
         "but the package and the paper interleave them, sine in column 2i and cosine in column 2i + 1",
-        (_pe_variant(concatenate=True),),
+        layout="concatenated",
         section=_CH2_LAYOUT,
-        did="put all the sines first and the cosines after them",
     ),
-    Mistake(
+    _mistake(
         "exponent_uses_column",
+        "used the column j as the i of 10000^(2i/d_model)",
         "the i of 10000^(2i/d_model) is taken to be the column; it numbers the sine/cosine pair, so "
         "columns 2i and 2i + 1 share one frequency",
-        (_pe_variant(index="column"),),
+        index="column",
         section=_CH2_WORKED,
         errata=(23,),
-        did="used the column j as the i of 10000^(2i/d_model)",
     ),
-    Mistake(
+    _mistake(
         "columns_counted_from_one",
+        "counted the columns from 1 in the entry formula",
         "the entry formula is read with columns counted from 1: column 0 is a cosine, and each sine is paired "
         "with the cosine of the next frequency; the paper's columns 2i and 2i + 1 count from 0",
-        (_pe_columns_from_one,),
-        section=_CH2_FORMULA,
+        # Entry (p, j), j counted from 1: sin(p / 10000^(j/d)) for even j, cos(p / 10000^((j-1)/d))
+        # for odd j; whatever interleaved asks.
+        layout="interleaved",
+        cos_first=True,
+        index="column",
+        exponent=lambda c, d: (c + c % 2) / d,
         errata=(64,),
-        did="counted the columns from 1 in the entry formula",
     ),
-    Mistake(
+    _mistake(
         "exponent_without_two",
+        "wrote 10000^(i/d_model)",
         "the exponent is i/d_model instead of 2i/d_model, so the wavelengths grow only to about "
         "10000^(1/2) instead of reaching 10000 · 2π",
-        (_pe_variant(exponent=lambda i, d: i / d),),
-        section=_CH2_FORMULA,
-        did="wrote 10000^(i/d_model)",
+        exponent=lambda i, d: i / d,
     ),
-    Mistake(
+    _mistake(
         "frequency_inverted",
+        "multiplied the positions by 10000^(2i/d_model)",
         "positions are multiplied by 10000^(2i/d_model) instead of divided by it, so the later pairs "
         "turn faster instead of slower",
-        (_pe_variant(sign=1.0),),
-        section=_CH2_FORMULA,
-        did="multiplied the positions by 10000^(2i/d_model)",
+        sign=1.0,
     ),
-    Mistake(
+    _mistake(
         "sine_only",
+        "filled every column with a sine",
         "every column holds a sine, so each odd column repeats the even column before it and row 0 is all zeros",
-        (_pe_variant(sine_only=True),),
+        sine_only=True,
         section=_CH2_PICTURE,
         errata=(24,),
-        did="filled every column with a sine",
     ),
 )
 
@@ -167,7 +147,6 @@ _PE_MISTAKES = (
 PARTS = (
     Part(
         "sinusoidal_positional_encoding",
-        "function",
         sinusoidal_positional_encoding,
         "(max_len, d_model) → the table (max_len, d_model)",
         _CH2_FORMULA,

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ...attention import scaled_dot_product_attention
-from .engine import (
-    Case,
-    Part,
-    _generator,
-    run_function,
-)
-from .results import Mistake
+from ...masking import causal_mask
+from .engine import Case, Part, _generator, _key_padding, run_function
+from .results import mistake_maker
 from .sections import (
     _CH3_MATRIX,
     _CH3_SOFTMAX,
@@ -45,14 +42,6 @@ def _attention_cases() -> list[Case]:
             return (*args, mask()) if mask else args, {}
 
         return inputs
-
-    def padding() -> Tensor:
-        return torch.tensor(
-            [[[True, True, True, False, False]], [[True, True, True, True, False]]]
-        )
-
-    def causal() -> Tensor:
-        return torch.ones(4, 4, dtype=torch.bool).tril()[None]
 
     def one_empty_row() -> Tensor:
         mask = torch.tensor(
@@ -83,11 +72,11 @@ def _attention_cases() -> list[Case]:
         ),
         Case(
             "a padding mask of shape (2, 1, 5)",
-            make(2, (2, 3, 4), (2, 5, 4), 6, padding),
+            make(2, (2, 3, 4), (2, 5, 4), 6, partial(_key_padding, [3, 4], 5)),
         ),
         Case(
             "2 heads, (1, 2, 4, 8), a causal mask (1, 4, 4)",
-            make(3, (1, 2, 4, 8), (1, 2, 4, 8), 8, causal),
+            make(3, (1, 2, 4, 8), (1, 2, 4, 8), 8, partial(causal_mask, 4)),
         ),
         Case("batch 1, one query, one key", make(4, (1, 1, 8), (1, 1, 8), 3)),
         Case(
@@ -137,77 +126,75 @@ def _both_empty_row_handlings(**changes: Any) -> tuple[Callable, ...]:
     )
 
 
+_mistake = mistake_maker(_both_empty_row_handlings, _CH3_WHY)
+
 _ATTENTION_MISTAKES = (
-    Mistake(
+    _mistake(
         "no_scale",
+        "left out the division by √d_k",
         "the scores Q Kᵀ are not divided by √d_k, so with wide vectors the softmax saturates",
-        _both_empty_row_handlings(scale=lambda q, k, v: 1.0),
-        section=_CH3_WHY,
-        did="left out the division by √d_k",
+        scale=lambda q, k, v: 1.0,
     ),
-    Mistake(
+    _mistake(
         "divided_by_d_k",
+        "divided the scores by d_k",
         "the scores are divided by d_k instead of by its square root √d_k",
-        _both_empty_row_handlings(scale=lambda q, k, v: float(q.shape[-1])),
-        section=_CH3_WHY,
-        did="divided the scores by d_k",
+        scale=lambda q, k, v: float(q.shape[-1]),
     ),
-    Mistake(
+    _mistake(
         "scale_uses_d_v",
+        "took the scale from value.shape[-1]",
         "the scores are divided by the square root of the values' width d_v; the scale is √d_k, the width "
         "of the queries and keys (query.shape[-1])",
-        _both_empty_row_handlings(scale=lambda q, k, v: math.sqrt(v.shape[-1])),
-        section=_CH3_WHY,
-        did="took the scale from value.shape[-1]",
+        scale=lambda q, k, v: math.sqrt(v.shape[-1]),
     ),
-    Mistake(
+    _mistake(
         "scale_uses_length",
+        "took the scale from key.shape[-2]",
         "the scores are divided by the square root of the number of keys (shape[-2]); the scale is √d_k, "
         "the width of the queries and keys (shape[-1])",
-        _both_empty_row_handlings(scale=lambda q, k, v: math.sqrt(k.shape[-2])),
-        section=_CH3_WHY,
-        did="took the scale from key.shape[-2]",
+        scale=lambda q, k, v: math.sqrt(k.shape[-2]),
     ),
-    Mistake(
+    _mistake(
         "softmax_over_queries",
+        "took the softmax over dim=-2",
         "the softmax runs over the queries (dim=-2), so each key's column sums to 1 instead of each query's row",
-        _both_empty_row_handlings(axis=-2),
+        axis=-2,
         section=_CH3_SOFTMAX,
-        did="took the softmax over dim=-2",
     ),
-    Mistake(
+    _mistake(
         "mask_inverted",
+        "hid the keys where the mask is True",
         "the mask is read as True = hidden (nn.MultiheadAttention's convention); in the package True means "
         "may attend, so the keys the mask allows are the ones hidden",
-        _both_empty_row_handlings(invert=True),
+        invert=True,
         section=_CH5_CONVENTIONS,
-        did="hid the keys where the mask is True",
     ),
-    Mistake(
+    _mistake(
         "masked_scores_zero",
+        "set the hidden scores to 0",
         "hidden scores are set to 0 before the softmax, and e⁰ = 1 still gives them weight; a hidden key "
         "needs the score −∞ to get the weight 0",
-        _both_empty_row_handlings(fill=0.0),
+        fill=0.0,
         section=_CH5_ENTERS,
         errata=(10,),
-        did="set the hidden scores to 0",
     ),
-    Mistake(
+    _mistake(
         "empty_row_nan",
+        "filled with −inf and left rows with nothing to read as they came out",
         "a query whose every key is masked gets NaN (a softmax over nothing but −∞ is 0/0); the package "
         "gives such a query zero weights and a zero output, as PyTorch's fused kernel does",
-        (_attention_variant(empty_rows_zero=False),),
+        _attention_variant(empty_rows_zero=False),
         section=_CH5_EMPTY,
-        did="filled with −inf and left rows with nothing to read as they came out",
     ),
-    Mistake(
+    _mistake(
         "empty_row_average",
+        "filled the hidden scores with −1e9",
         "hidden scores are filled with a large negative number such as −1e9 and nothing more, so a query whose "
         "every key is masked gets the plain average of all the values instead of zero weights",
-        (_attention_variant(fill=-1e9, empty_rows_zero=False),),
+        _attention_variant(fill=-1e9, empty_rows_zero=False),
         section=_CH5_EMPTY,
         errata=(43,),
-        did="filled the hidden scores with −1e9",
     ),
 )
 
@@ -215,7 +202,6 @@ _ATTENTION_MISTAKES = (
 PARTS = (
     Part(
         "scaled_dot_product_attention",
-        "function",
         scaled_dot_product_attention,
         "(query, key, value, mask=None) → output (and, if you like, weights)",
         _CH3_MATRIX,

@@ -5,24 +5,27 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ...attention import MultiHeadAttention
+from ...masking import causal_mask
 from .engine import (
     Case,
     Part,
-    _build,
+    _build_loaded,
     _call,
     _display,
+    _forward,
     _generator,
-    _load_state,
+    _key_padding,
     _named,
     _random_state,
 )
-from .results import Mistake
+from .results import mistake_maker
 from .sections import (
     _CH3_MATRIX,
     _CH3_WHY,
@@ -46,38 +49,20 @@ def _mha_cases() -> list[Case]:
         def inputs() -> dict[str, Any]:
             g = _generator(200 + offset)
             state = _random_state(MultiHeadAttention(d_model, heads), g)
-            query = torch.randn(*q_shape, d_model, generator=g, dtype=torch.float64).to(
-                dtype
-            )
+
+            def draw(*shape: int) -> Tensor:
+                x = torch.randn(*shape, d_model, generator=g, dtype=torch.float64)
+                return x.to(dtype)
+
+            query = draw(*q_shape)
             if k_len is None:  # self-attention: one tensor for query, key and value
                 key = value = query
             else:
-                key = torch.randn(
-                    q_shape[0], k_len, d_model, generator=g, dtype=torch.float64
-                ).to(dtype)
-                value = torch.randn(
-                    q_shape[0], k_len, d_model, generator=g, dtype=torch.float64
-                ).to(dtype)
-            return dict(
-                d_model=d_model,
-                heads=heads,
-                state=state,
-                query=query,
-                key=key,
-                value=value,
-                mask=mask() if mask else None,
-                dtype=dtype,
-            )
+                key, value = draw(q_shape[0], k_len), draw(q_shape[0], k_len)
+            args = (query, key, value) + ((mask(),) if mask else ())
+            return dict(sizes=(d_model, heads), state=state, args=args, dtype=dtype)
 
         return inputs
-
-    def padding() -> Tensor:
-        return torch.tensor(
-            [[[True, True, True, False, False]], [[True, True, True, True, True]]]
-        )
-
-    def causal() -> Tensor:
-        return torch.ones(4, 4, dtype=torch.bool).tril()[None]
 
     return [
         Case(
@@ -86,30 +71,23 @@ def _mha_cases() -> list[Case]:
         ),
         Case(
             "cross-attention, 4 heads, 3 queries, 5 keys, a padding mask",
-            make(2, 12, 4, (2, 3), 5, padding),
+            make(2, 12, 4, (2, 3), 5, partial(_key_padding, [3, 5], 5)),
         ),
         Case(
             "self-attention, 2 heads, a causal mask (1, 4, 4)",
-            make(3, 12, 2, (1, 4), None, causal),
+            make(3, 12, 2, (1, 4), None, partial(causal_mask, 4)),
         ),
         Case("batch 1, length 1, 6 heads", make(4, 12, 6, (1, 1), None)),
         Case(
             "float64, 4 heads, 3 queries, 5 keys, a padding mask",
-            make(5, 12, 4, (2, 3), 5, padding, torch.float64),
+            make(5, 12, 4, (2, 3), 5, partial(_key_padding, [3, 5], 5), torch.float64),
         ),
     ]
 
 
 def _run_mha(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    module = _build(cls, (inputs["d_model"], inputs["heads"]), {}).to(inputs["dtype"])
-    missing = _load_state(
-        module, {k: v.to(inputs["dtype"]) for k, v in inputs["state"].items()}
-    )
-    args = (inputs["query"], inputs["key"], inputs["value"])
-    args += (inputs["mask"],) if inputs["mask"] is not None else ()
-    outputs = _named(
-        _call(f"Your {_display(cls)}'s forward", module, *args), ("output", "weights")
-    )
+    module, missing = _build_loaded(cls, inputs["sizes"], inputs)
+    outputs = _named(_forward(cls, module, *inputs["args"]), ("output", "weights"))
     return {"missing parameters": missing, **outputs}
 
 
@@ -140,9 +118,8 @@ def _mha_variant(
 
         def split(self, x: Tensor) -> Tensor:
             b, n, h, w = x.shape[0], x.shape[1], self.num_heads, self.d_head
-            if (
-                split == "view"
-            ):  # (B, heads, len, d_head) read straight from (B, len, d_model)
+            # (B, heads, len, d_head) read straight from (B, len, d_model)
+            if split == "view":
                 return x.reshape(b, h, n, w)
             if split == "swapped":  # d_head "heads" of num_heads features each
                 return x.reshape(b, n, w, h).transpose(1, 2)
@@ -178,62 +155,65 @@ def _mha_variant(
     return Variant
 
 
+_mha_mistake = mistake_maker(_mha_variant)
+
 _MHA_MISTAKES = (
-    Mistake(
+    _mha_mistake(
         "merge_without_transpose",
+        "reshaped (B, heads, len, d_head) straight to (B, len, d_model)",
         "the heads are merged by reshaping (B, heads, len, d_head) straight to (B, len, d_model); without "
         "transposing heads and positions back first, each output row mixes pieces of several positions",
-        (_mha_variant(merge="view"),),
+        merge="view",
         section=_CH4_VIEW,
-        did="reshaped (B, heads, len, d_head) straight to (B, len, d_model)",
     ),
-    Mistake(
+    _mha_mistake(
         "split_without_transpose",
+        "viewed (B, len, d_model) straight as (B, heads, len, d_head)",
         "the heads are split by viewing (B, len, d_model) straight as (B, heads, len, d_head); that reads "
         "consecutive numbers as one position, so each head sees pieces of several positions",
-        (_mha_variant(split="view"), _mha_variant(split="view", merge="view")),
+        {"split": "view"},
+        {"split": "view", "merge": "view"},
         section=_CH4_VIEW,
-        did="viewed (B, len, d_model) straight as (B, heads, len, d_head)",
     ),
-    Mistake(
+    _mha_mistake(
         "heads_and_width_swapped",
+        "viewed the features as (…, d_head, num_heads)",
         "the split uses (…, d_head, num_heads) where it needs (…, num_heads, d_head), which makes d_head "
         "heads of num_heads features each",
-        (_mha_variant(split="swapped"), _mha_variant(split="swapped", scale="actual")),
-        section=_CH4_SPLIT,
-        did="viewed the features as (…, d_head, num_heads)",
+        {"split": "swapped"},
+        {"split": "swapped", "scale": "actual"},
     ),
-    Mistake(
+    _mha_mistake(
         "split_by_layers",
+        "split into 6 parts",
         "the vectors are split into 6 parts, the number of layers, instead of into num_heads heads",
-        (_mha_variant(heads=6),),
+        heads=6,
         section=_HEADS_COUNT,
         errata=(27,),
-        did="split into 6 parts",
     ),
-    Mistake(
+    _mha_mistake(
         "missing_out_proj",
+        "returned the concatenated heads without out_proj",
         "the block ends with the concatenation of the heads; the package then applies W^O (out_proj), "
         "which mixes the heads' columns",
-        (_mha_variant(out_proj=False),),
+        out_proj=False,
         section=_CH4_CONCAT,
         errata=(31,),
-        did="returned the concatenated heads without out_proj",
     ),
-    Mistake(
+    _mha_mistake(
         "values_not_projected",
+        "weighted the values without v_proj",
         "the values are the inputs themselves; each head weights v_proj(value), the values projected by W^V",
-        (_mha_variant(project_values=False),),
+        project_values=False,
         section=_CH3_MATRIX,
         errata=(26,),
-        did="weighted the values without v_proj",
     ),
-    Mistake(
+    _mha_mistake(
         "scaled_by_d_model",
+        "divided the scores by √d_model",
         "the scores are divided by √d_model; each head divides by √d_head, the width of its own queries and keys",
-        (_mha_variant(scale="d_model"),),
+        scale="d_model",
         section=_CH3_WHY,
-        did="divided the scores by √d_model",
     ),
 )
 
@@ -269,24 +249,22 @@ def _heads_cases(merge: bool) -> list[Case]:
     ]
 
 
-def _run_heads(names: tuple[str, ...]) -> Callable[[Any, Any], dict[str, Any]]:
+def _run_heads(fn: Any, inputs: tuple[tuple, dict]) -> dict[str, Any]:
     """Call ``fn(x, num_heads)``, or ``fn(x)`` for a merge that takes only the tensor."""
-
-    def run(fn: Any, inputs: tuple[tuple, dict]) -> dict[str, Any]:
-        (x, heads), _ = inputs
-        try:
-            inspect.signature(fn).bind(x, heads)
-            args = (x, heads)
-        except TypeError:
-            args = (x,)
-        except ValueError:
-            args = (x, heads)
-        return _named(_call(f"Your {_display(fn)}", fn, *args), names)
-
-    return run
+    (x, heads), _ = inputs
+    try:
+        inspect.signature(fn).bind(x, heads)
+        args = (x, heads)
+    except TypeError:
+        args = (x,)
+    except ValueError:
+        args = (x, heads)
+    return {"output": _call(f"Your {_display(fn)}", fn, *args)}
 
 
-def _split(layout: str, fixed_heads: int | None = None) -> Callable[..., Tensor]:
+def _split(
+    layout: str = "transpose", fixed_heads: int | None = None
+) -> Callable[..., Tensor]:
     def split_heads(x: Tensor, num_heads: int) -> Tensor:
         b, n, d = x.shape
         h = fixed_heads or num_heads
@@ -303,7 +281,7 @@ def _split(layout: str, fixed_heads: int | None = None) -> Callable[..., Tensor]
     return split_heads
 
 
-def _merge(layout: str) -> Callable[..., Tensor]:
+def _merge(layout: str = "transpose") -> Callable[..., Tensor]:
     def merge_heads(x: Tensor, num_heads: int | None = None) -> Tensor:
         b, h, n, w = x.shape
         if layout == "view":
@@ -314,98 +292,97 @@ def _merge(layout: str) -> Callable[..., Tensor]:
             return x.sum(dim=1)
         if layout == "mean":
             return x.mean(dim=1)
-        if (
-            layout == "sequence"
-        ):  # heads concatenated one after another along the positions
+        # heads concatenated one after another along the positions
+        if layout == "sequence":
             return x.reshape(b, h * n, w)
         return x.transpose(1, 2).reshape(b, n, h * w)
 
     return merge_heads
 
 
+_split_mistake = mistake_maker(_split)
+
 _SPLIT_MISTAKES = (
-    Mistake(
+    _split_mistake(
         "split_without_transpose",
+        "viewed x straight as (B, heads, len, d_head)",
         "x is viewed straight as (B, heads, len, d_head); that reads consecutive numbers as one position, so "
         "each head's rows are pieces of several positions. The heads axis has to come from the features",
-        (_split("view"),),
+        layout="view",
         section=_CH4_VIEW,
-        did="viewed x straight as (B, heads, len, d_head)",
     ),
-    Mistake(
+    _split_mistake(
         "heads_and_width_swapped",
+        "viewed the features as (…, d_head, num_heads)",
         "the features are viewed as (…, d_head, num_heads), which makes d_head heads of num_heads features each",
-        (_split("swapped"),),
-        section=_CH4_SPLIT,
-        did="viewed the features as (…, d_head, num_heads)",
+        layout="swapped",
     ),
-    Mistake(
+    _split_mistake(
         "strided_heads",
+        "gave head i every h-th column",
         "head i takes the columns i, i + h, i + 2h, …; each head is one contiguous block of d_head columns "
         "(the columns of its own W_i^Q)",
-        (_split("strided"),),
-        section=_CH4_SPLIT,
-        did="gave head i every h-th column",
+        layout="strided",
     ),
-    Mistake(
+    _split_mistake(
         "keys_transposed",
+        "put the positions last, (B, heads, d_head, len)",
         "the result is (B, heads, d_head, len), positions last; split_heads gives (B, heads, len, d_head), "
         "and attention transposes the keys itself",
-        (_split("keys_transposed"),),
-        section=_CH4_SPLIT,
-        did="put the positions last, (B, heads, d_head, len)",
+        layout="keys_transposed",
     ),
-    Mistake(
+    _split_mistake(
         "split_by_layers",
+        "split into 6 parts",
         "the vectors are split into 6 parts, the number of layers, instead of into num_heads heads",
-        (_split("transpose", fixed_heads=6),),
+        fixed_heads=6,
         section=_HEADS_COUNT,
         errata=(27,),
-        did="split into 6 parts",
     ),
 )
 
 
+_merge_mistake = mistake_maker(_merge)
+
 _MERGE_MISTAKES = (
-    Mistake(
+    _merge_mistake(
         "merge_without_transpose",
+        "reshaped (B, heads, len, d_head) straight to (B, len, d_model)",
         "(B, heads, len, d_head) is reshaped straight to (B, len, d_model); without first moving the heads "
         "axis next to d_head, each output row mixes pieces of several positions",
-        (_merge("view"),),
+        layout="view",
         section=_CH4_VIEW,
-        did="reshaped (B, heads, len, d_head) straight to (B, len, d_model)",
     ),
-    Mistake(
+    _merge_mistake(
         "strided_merge",
+        "interleaved the heads' columns",
         "the heads' columns are interleaved (head 0's first feature, head 1's first feature, …); the "
         "concatenation puts each head's d_head columns side by side as one block",
-        (_merge("strided"),),
-        section=_CH4_SPLIT,
-        did="interleaved the heads' columns",
+        layout="strided",
     ),
-    Mistake(
+    _merge_mistake(
         "heads_summed",
+        "added the heads up",
         "the heads are added up, giving d_head features per position; they are concatenated, giving "
         "heads × d_head = d_model",
-        (_merge("sum"),),
+        layout="sum",
         section=_CH4_CONCAT,
-        did="added the heads up",
     ),
-    Mistake(
+    _merge_mistake(
         "heads_averaged",
+        "averaged the heads",
         "the heads are averaged, giving d_head features per position; they are concatenated, giving "
         "heads × d_head = d_model",
-        (_merge("mean"),),
+        layout="mean",
         section=_CH4_CONCAT,
-        did="averaged the heads",
     ),
-    Mistake(
+    _merge_mistake(
         "concatenated_along_positions",
+        "concatenated the heads along the positions",
         "the heads are concatenated along the positions, (B, heads · len, d_head); the concatenation is "
         "along the features, (B, len, heads · d_head)",
-        (_merge("sequence"),),
+        layout="sequence",
         section=_CH4_CONCAT,
-        did="concatenated the heads along the positions",
     ),
 )
 
@@ -413,29 +390,26 @@ _MERGE_MISTAKES = (
 PARTS = (
     Part(
         "split_heads",
-        "function",
         _split_reference,
         "(x (B, len, d_model), num_heads) → (B, heads, len, d_head)",
         _CH4_SPLIT,
         lambda: _heads_cases(merge=False),
-        _run_heads(("output",)),
+        _run_heads,
         _SPLIT_MISTAKES,
         axes={"output": ("batch", "head", "position", "feature")},
     ),
     Part(
         "merge_heads",
-        "function",
         _merge_reference,
         "(x (B, heads, len, d_head)[, num_heads]) → (B, len, d_model)",
         _CH4_SPLIT,
         lambda: _heads_cases(merge=True),
-        _run_heads(("output",)),
+        _run_heads,
         _MERGE_MISTAKES,
         axes={"output": ("batch", "position", "feature")},
     ),
     Part(
         "MultiHeadAttention",
-        "class",
         MultiHeadAttention,
         "class (d_model, num_heads) with q_proj, k_proj, v_proj, out_proj; forward(query, key, value, mask=None)",
         _CH4_SPLIT,

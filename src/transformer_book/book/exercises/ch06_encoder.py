@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -14,20 +15,16 @@ from ...layers import sublayer_connection
 from .engine import (
     Case,
     Part,
-    _build_layer,
-    _call,
-    _display,
+    _build_loaded,
+    _forward,
     _generator,
-    _named,
+    _key_padding,
     _random_state,
+    _signature_of,
     run_function,
 )
-from .results import Mistake
-from .sections import (
-    _CH5_PADDING,
-    _CH6_LAYER,
-    _CH6_SUBLAYER,
-)
+from .results import Mistake, mistake_maker
+from .sections import _CH5_PADDING, _CH6_LAYER, _CH6_SUBLAYER
 
 
 class _FixedDropout:
@@ -74,105 +71,95 @@ def _sublayer_cases() -> list[Case]:
     ]
 
 
-def _sublayer_variant(
-    post: Callable | None = None, pre: Callable | None = None, flip: bool = False
-) -> Callable:
-    """A sublayer connection with its post-norm and/or pre-norm branch replaced."""
+def _post(x: Tensor, f: Callable, norm: Callable, dropout: Callable) -> Tensor:
+    """The package's post-norm branch, ``norm(x + dropout(f(x)))``."""
+    return sublayer_connection(x, f, norm, dropout, norm_first=False)
 
-    def connection(
-        x: Tensor,
-        sublayer: Callable,
-        norm: Callable,
-        dropout: Callable,
-        norm_first: bool,
-    ) -> Tensor:
-        norm_first = norm_first != flip
-        if norm_first:
-            return (
-                pre(x, sublayer, norm, dropout)
-                if pre
-                else x + dropout(sublayer(norm(x)))
-            )
-        return (
-            post(x, sublayer, norm, dropout) if post else norm(x + dropout(sublayer(x)))
-        )
+
+def _pre(x: Tensor, f: Callable, norm: Callable, dropout: Callable) -> Tensor:
+    """The package's pre-norm branch, ``x + dropout(f(norm(x)))``."""
+    return sublayer_connection(x, f, norm, dropout, norm_first=True)
+
+
+def _sublayer_variant(
+    post: Callable = _post, pre: Callable = _pre, flip: bool = False
+) -> Callable:
+    """A sublayer connection with its post-norm and/or pre-norm branch replaced, or the two
+    branches swapped (``flip``)."""
+
+    @_signature_of(sublayer_connection)
+    def connection(x, sublayer, norm, dropout, norm_first):
+        branch = pre if norm_first != flip else post
+        return branch(x, sublayer, norm, dropout)
 
     return connection
 
 
-def _post(x: Tensor, f: Callable, norm: Callable, dropout: Callable) -> Tensor:
-    return norm(x + dropout(f(x)))
+def _in_either_branch(post: Callable, pre: Callable) -> tuple[Callable, ...]:
+    """The same slip made in both branches, in post-norm only, or in pre-norm only."""
+    return (
+        _sublayer_variant(post=post, pre=pre),
+        _sublayer_variant(post=post),
+        _sublayer_variant(pre=pre),
+    )
 
 
-def _pre(x: Tensor, f: Callable, norm: Callable, dropout: Callable) -> Tensor:
-    return x + dropout(f(norm(x)))
-
+_sublayer_mistake = mistake_maker(_sublayer_variant)
 
 _SUBLAYER_MISTAKES = (
-    Mistake(
+    _sublayer_mistake(
         "pre_post_swapped",
+        "swapped the two branches of norm_first",
         "norm_first=False gives x + dropout(sublayer(norm(x))) and norm_first=True gives "
         "norm(x + dropout(sublayer(x))); post-norm (the paper's, norm_first=False) normalises after the sum",
-        (_sublayer_variant(flip=True),),
-        did="swapped the two branches of norm_first",
+        flip=True,
     ),
-    Mistake(
+    _sublayer_mistake(
         "norm_first_ignored",
+        "wrote one order for both values of norm_first",
         "the result is the same for norm_first=True and False: one of the two orders is used for both",
-        (_sublayer_variant(pre=_post), _sublayer_variant(post=_pre)),
-        did="wrote one order for both values of norm_first",
+        {"pre": _post},
+        {"post": _pre},
     ),
-    Mistake(
+    _sublayer_mistake(
         "missing_residual",
+        "returned the sublayer's output without adding x",
         "the input x is not added back: the connection returns the (normalised) sublayer output alone",
-        (
-            _sublayer_variant(
-                post=lambda x, f, n, d: n(d(f(x))), pre=lambda x, f, n, d: d(f(n(x)))
-            ),
-            _sublayer_variant(post=lambda x, f, n, d: n(d(f(x)))),
-            _sublayer_variant(pre=lambda x, f, n, d: d(f(n(x)))),
+        *_in_either_branch(
+            post=lambda x, f, n, d: n(d(f(x))), pre=lambda x, f, n, d: d(f(n(x)))
         ),
-        did="returned the sublayer's output without adding x",
     ),
-    Mistake(
+    _sublayer_mistake(
         "dropout_after_residual",
+        "applied dropout to the sum",
         "dropout is applied to the residual sum; it belongs on the sublayer's output, before x is added",
-        (
-            _sublayer_variant(
-                post=lambda x, f, n, d: n(d(x + f(x))),
-                pre=lambda x, f, n, d: d(x + f(n(x))),
-            ),
-            _sublayer_variant(post=lambda x, f, n, d: n(d(x + f(x)))),
-            _sublayer_variant(pre=lambda x, f, n, d: d(x + f(n(x)))),
+        *_in_either_branch(
+            post=lambda x, f, n, d: n(d(x + f(x))),
+            pre=lambda x, f, n, d: d(x + f(n(x))),
         ),
-        did="applied dropout to the sum",
     ),
-    Mistake(
+    _sublayer_mistake(
         "residual_added_after_norm",
+        "added x after the norm in post-norm",
         "post-norm computes x + norm(dropout(sublayer(x))); the paper's post-norm normalises the sum, "
         "norm(x + dropout(sublayer(x)))",
-        (_sublayer_variant(post=lambda x, f, n, d: x + n(d(f(x)))),),
-        did="added x after the norm in post-norm",
+        post=lambda x, f, n, d: x + n(d(f(x))),
     ),
-    Mistake(
+    _sublayer_mistake(
         "normalised_residual",
+        "added norm(x) instead of x in pre-norm",
         "pre-norm computes norm(x) + dropout(sublayer(norm(x))): the normalised input replaces x on the "
         "residual path, which pre-norm leaves untouched",
-        (_sublayer_variant(pre=lambda x, f, n, d: n(x) + d(f(n(x)))),),
+        pre=lambda x, f, n, d: n(x) + d(f(n(x))),
         errata=(40,),
-        did="added norm(x) instead of x in pre-norm",
     ),
-    Mistake(
+    _sublayer_mistake(
         "dropout_missing",
+        "left dropout out (in one branch or both)",
         "dropout is never applied; the connection applies it to the sublayer's output",
-        (
-            _sublayer_variant(
-                post=lambda x, f, n, d: n(x + f(x)), pre=lambda x, f, n, d: x + f(n(x))
-            ),
-            _sublayer_variant(post=lambda x, f, n, d: n(x + f(x))),
-            _sublayer_variant(pre=lambda x, f, n, d: x + f(n(x))),
+        *_in_either_branch(
+            post=lambda x, f, n, d: n(x + f(x)), pre=lambda x, f, n, d: x + f(n(x))
         ),
-        did="left dropout out (in one branch or both)",
     ),
 )
 
@@ -189,13 +176,11 @@ def _encoder_cases() -> list[Case]:
         def inputs() -> dict[str, Any]:
             g = _generator(600 + offset)
             state = _random_state(EncoderLayer(8, 2, 16, 0.0, norm_first), g)
-            x = (
-                2.0 * torch.randn(*shape, 8, generator=g, dtype=torch.float64) + 0.5
-            ).to(dtype)
+            x = 2.0 * torch.randn(*shape, 8, generator=g, dtype=torch.float64) + 0.5
+            args = (x.to(dtype),) + ((mask(),) if mask else ())
             return dict(
                 state=state,
-                x=x,
-                mask=mask() if mask else None,
+                args=args,
                 norm_first=norm_first,
                 dtype=dtype,
                 dropout=dropout,
@@ -203,8 +188,7 @@ def _encoder_cases() -> list[Case]:
 
         return inputs
 
-    def padding() -> Tensor:
-        return torch.tensor([[[True, True, True, False]], [[True, True, True, True]]])
+    padding = partial(_key_padding, [3, 4], 4)
 
     return [
         Case(
@@ -229,138 +213,158 @@ def _encoder_cases() -> list[Case]:
 _REPEAT = "the output of a second call in eval mode"
 
 
-def _run_encoder(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    module, missing = _build_layer(cls, (8, 2, 16), inputs)
-    args = (inputs["x"],) + ((inputs["mask"],) if inputs["mask"] is not None else ())
-    output = _named(
-        _call(f"Your {_display(cls)}'s forward", module, *args), ("output",)
-    )
-    if inputs[
-        "dropout"
-    ]:  # in eval mode dropout is off: a second call gives the same numbers
-        again = _named(
-            _call(f"Your {_display(cls)}'s forward", module, *args), ("output",)
+def _run_layer(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Build the reader's layer like the package's (d_model 8, 2 heads, d_ff 16, the case's
+    dropout and norm_first) with its weights, in eval mode, and call it on ``inputs["args"]``
+    (and the keywords ``inputs["masks"]``); with a dropout, call it twice: in eval mode
+    dropout is off, and both calls give the same numbers."""
+    wanted = {"dropout": inputs.get("dropout", 0.0)}
+    wanted |= {"norm_first": True} if inputs["norm_first"] else {}
+    module, missing = _build_loaded(cls, (8, 2, 16), inputs, **wanted)
+    args, masks = inputs["args"], inputs.get("masks", {})
+    output = _forward(cls, module, *args, **masks)
+    outputs = {"missing parameters": missing, "output": output}
+    if inputs.get("dropout"):
+        again = _forward(cls, module, *args, **masks)
+        same = isinstance(output, Tensor) and isinstance(again, Tensor)
+        outputs[_REPEAT] = (
+            "the same" if same and torch.equal(again, output) else "different"
         )
-        same = isinstance(again["output"], Tensor) and isinstance(
-            output["output"], Tensor
-        )
-        same = same and torch.equal(again["output"], output["output"])
-        output[_REPEAT] = "the same" if same else "different"
-    return {"missing parameters": missing, **output}
+    return outputs
+
+
+def _pre_norm(order: str, norm_first: bool) -> bool:
+    """Whether a variant layer normalises first: as ``norm_first`` asks, the other way round
+    ("swapped"), or always "post" or "pre" whatever is asked."""
+    return {"asked": norm_first, "swapped": not norm_first, "post": False, "pre": True}[
+        order
+    ]
+
+
+def _connected(
+    x: Tensor, steps: list[tuple[Callable, Callable]], pre: bool, residual: str
+) -> Tensor:
+    """``x`` through each ``(sublayer, norm)`` of ``steps`` in turn, as ``sublayer(h, norm)``,
+    pre-norm or post-norm, with the residual connections ``residual`` says: "yes", "no", or
+    "normalised" (pre-norm adds norm(x) where it should add x)."""
+    for f, norm in steps:
+        h = norm(x) if pre else x
+        out = f(h, norm)
+        if residual == "no":
+            x = out if pre else norm(out)
+        elif residual == "normalised" and pre:
+            x = h + out
+        else:
+            x = x + out if pre else norm(x + out)
+    return x
 
 
 def _encoder_variant(
-    flip: bool = False,
+    order: str = "asked",
     residual: str = "yes",
     swap_norms: bool = False,
     use_mask: bool = True,
     ffn_first: str = "",
-    norm_first: bool | None = None,
     dropout_in_eval: bool = False,
 ) -> type:
     """An encoder layer with one thing changed (in eval mode, so without dropout, unless
-    ``dropout_in_eval``); ``norm_first`` True or False forces one order whatever is asked."""
+    ``dropout_in_eval``): the order of norm and sublayer (see :func:`_pre_norm`), the residual
+    connections, the norms or the sublayers swapped, or the mask left out."""
 
     class Variant(EncoderLayer):
         def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-            pre = (self.norm_first if norm_first is None else norm_first) != flip
-            norm1, norm2 = (
-                (self.norm2, self.norm1) if swap_norms else (self.norm1, self.norm2)
-            )
+            norm1, norm2 = (self.norm1, self.norm2)[:: -1 if swap_norms else 1]
 
-            def attend(h: Tensor) -> Tensor:
+            def attend(h: Tensor, norm: Callable) -> Tensor:
                 out = self.self_attn(h, h, h, mask if use_mask else None)[0]
                 return F.dropout(out, 0.5, training=True) if dropout_in_eval else out
 
-            steps = [(attend, norm1), (self.feed_forward, norm2)]
+            def feed_forward(h: Tensor, norm: Callable) -> Tensor:
+                return self.feed_forward(h)
+
+            steps = [(attend, norm1), (feed_forward, norm2)]
             if ffn_first == "with_norms":
                 steps = steps[::-1]
             elif ffn_first == "in_place":
-                steps = [(self.feed_forward, norm1), (attend, norm2)]
-            for f, norm in steps:
-                if residual == "no":
-                    x = f(norm(x)) if pre else norm(f(x))
-                elif residual == "normalised" and pre:
-                    x = norm(x) + f(norm(x))
-                else:
-                    x = x + f(norm(x)) if pre else norm(x + f(x))
-            return x
+                steps = [(feed_forward, norm1), (attend, norm2)]
+            return _connected(x, steps, _pre_norm(order, self.norm_first), residual)
 
     return Variant
 
 
+def _layer_mistakes(mistake: Callable[..., Mistake]) -> tuple[Mistake, ...]:
+    """The first two mistakes of EncoderLayer and DecoderLayer, made with the part's ``mistake``."""
+    return (
+        mistake(
+            "pre_post_swapped",
+            "swapped the two branches of norm_first",
+            "norm_first=False normalises each sublayer's input and norm_first=True the sum; post-norm (the "
+            "paper's, norm_first=False) is norm(x + sublayer(x))",
+            order="swapped",
+        ),
+        mistake(
+            "missing_residual",
+            "left out the residual connections",
+            "the sublayers' inputs are not added back (no residual connections)",
+            residual="no",
+        ),
+    )
+
+
+_encoder_mistake = mistake_maker(_encoder_variant, _CH6_SUBLAYER)
+
 _ENCODER_MISTAKES = (
-    Mistake(
-        "pre_post_swapped",
-        "norm_first=False normalises the sublayer's input and norm_first=True the sum; post-norm (the "
-        "paper's, norm_first=False) is norm(x + sublayer(x))",
-        (_encoder_variant(flip=True),),
-        section=_CH6_SUBLAYER,
-        did="swapped the two branches of norm_first",
-    ),
-    Mistake(
-        "missing_residual",
-        "the sublayers' inputs are not added back (no residual connections)",
-        (_encoder_variant(residual="no"),),
-        section=_CH6_SUBLAYER,
-        did="left out the residual connections",
-    ),
-    Mistake(
+    *_layer_mistakes(_encoder_mistake),
+    _encoder_mistake(
         "norms_swapped",
+        "used norm2 around the attention and norm1 around the feed-forward network",
         "norm2 is used around the attention and norm1 around the feed-forward network; norm1 belongs to "
         "the first sublayer (self-attention), norm2 to the second",
-        (_encoder_variant(swap_norms=True),),
+        swap_norms=True,
         section=_CH6_LAYER,
-        did="used norm2 around the attention and norm1 around the feed-forward network",
     ),
-    Mistake(
+    _encoder_mistake(
         "mask_ignored",
+        "called the self-attention without the mask",
         "the mask is not passed to the self-attention, so every query also reads the padding",
-        (_encoder_variant(use_mask=False),),
+        use_mask=False,
         section=_CH5_PADDING,
-        did="called the self-attention without the mask",
     ),
-    Mistake(
+    _encoder_mistake(
         "feed_forward_first",
+        "ran the feed-forward network first",
         "the feed-forward network runs before the self-attention; a layer attends first, then transforms each position",
-        (
-            _encoder_variant(ffn_first="with_norms"),
-            _encoder_variant(ffn_first="in_place"),
-        ),
+        {"ffn_first": "with_norms"},
+        {"ffn_first": "in_place"},
         section=_CH6_LAYER,
-        did="ran the feed-forward network first",
     ),
-    Mistake(
+    _encoder_mistake(
         "normalised_residual",
+        "added norm(x) instead of x in pre-norm",
         "pre-norm computes norm(x) + sublayer(norm(x)): the normalised input replaces x on the residual path",
-        (_encoder_variant(residual="normalised"),),
-        section=_CH6_SUBLAYER,
+        residual="normalised",
         errata=(40,),
-        did="added norm(x) instead of x in pre-norm",
     ),
-    Mistake(
+    _encoder_mistake(
         "norm_first_ignored",
+        "took no norm_first (or never read it)",
         "the layer is post-norm whatever norm_first says, so norm_first=True (pre-norm, "
         "x + sublayer(norm(x))) gives the post-norm result",
-        (_encoder_variant(norm_first=False),),
-        section=_CH6_SUBLAYER,
-        did="took no norm_first (or never read it)",
+        order="post",
     ),
-    Mistake(
+    _encoder_mistake(
         "always_pre_norm",
+        "wrote only the pre-norm order",
         "the layer is pre-norm whatever norm_first says; norm_first=False, the default and the "
         "paper's, is post-norm, norm(x + sublayer(x))",
-        (_encoder_variant(norm_first=True),),
-        section=_CH6_SUBLAYER,
-        did="wrote only the pre-norm order",
+        order="pre",
     ),
-    Mistake(
+    _encoder_mistake(
         "dropout_in_eval",
+        "called F.dropout(h, p) without training=self.training",
         "dropout stays on in eval mode, so two calls on the same input give different outputs; "
         "F.dropout needs training=self.training (nn.Dropout follows model.eval() by itself)",
-        (_encoder_variant(dropout_in_eval=True),),
-        section=_CH6_SUBLAYER,
-        did="called F.dropout(h, p) without training=self.training",
+        dropout_in_eval=True,
         outputs=(_REPEAT,),
     ),
 )
@@ -369,7 +373,6 @@ _ENCODER_MISTAKES = (
 PARTS = (
     Part(
         "sublayer_connection",
-        "function",
         sublayer_connection,
         "(x, sublayer, norm, dropout, norm_first) → the residual connection around sublayer",
         _CH6_SUBLAYER,
@@ -380,13 +383,12 @@ PARTS = (
     ),
     Part(
         "EncoderLayer",
-        "class",
         EncoderLayer,
         "class (d_model, num_heads, d_ff, dropout=0.1, norm_first=False) with self_attn, feed_forward, "
         "norm1, norm2; forward(x, mask=None)",
         _CH6_LAYER,
         _encoder_cases,
-        _run_encoder,
+        _run_layer,
         _ENCODER_MISTAKES,
         axes={"output": ("batch", "position", "feature")},
     ),

@@ -10,23 +10,21 @@ from torch import Tensor
 
 from ...decoder import DecoderLayer
 from ...masking import causal_mask
+from .ch06_encoder import (
+    _connected,
+    _layer_mistakes,
+    _pre_norm,
+    _run_layer,
+)
 from .engine import (
     Case,
     Part,
-    _build_layer,
-    _call,
-    _display,
     _generator,
-    _named,
+    _key_padding,
     _random_state,
 )
-from .results import Mistake
-from .sections import (
-    _CH6_SUBLAYER,
-    _CH7_CROSS,
-    _CH7_LAYER,
-    _CH7_MASKED,
-)
+from .results import mistake_maker
+from .sections import _CH6_SUBLAYER, _CH7_CROSS, _CH7_LAYER, _CH7_MASKED
 
 
 def _decoder_cases() -> list[Case]:
@@ -37,7 +35,7 @@ def _decoder_cases() -> list[Case]:
         offset: int,
         shape: tuple[int, int, int],
         norm_first: bool,
-        masks: bool = False,
+        with_masks: bool = False,
         dtype=torch.float32,
     ):
         batch, tgt_len, src_len = shape
@@ -47,19 +45,15 @@ def _decoder_cases() -> list[Case]:
             state = _random_state(DecoderLayer(8, 2, 16, 0.0, norm_first), g)
             x = 2.0 * torch.randn(batch, tgt_len, 8, generator=g, dtype=torch.float64)
             memory = torch.randn(batch, src_len, 8, generator=g, dtype=torch.float64)
-            src_mask = tgt_mask = None
-            if masks:
-                tgt_mask = causal_mask(tgt_len)
-                lengths = torch.arange(batch) % 2 + src_len - 1 if src_len > 1 else 1
-                src_mask = (torch.arange(src_len) < torch.as_tensor(lengths)[:, None])[
-                    :, None, :
-                ]
+            masks = {}
+            if with_masks:
+                masks["tgt_mask"] = causal_mask(tgt_len)
+                lengths = torch.arange(batch) % 2 + src_len - 1
+                masks["src_mask"] = _key_padding(lengths, src_len)
             return dict(
                 state=state,
-                x=(x + 0.5).to(dtype),
-                memory=(1.5 * memory - 0.3).to(dtype),
-                src_mask=src_mask,
-                tgt_mask=tgt_mask,
+                args=((x + 0.5).to(dtype), (1.5 * memory - 0.3).to(dtype)),
+                masks=masks,
                 norm_first=norm_first,
                 dtype=dtype,
             )
@@ -96,26 +90,9 @@ def _decoder_cases() -> list[Case]:
     ]
 
 
-def _run_decoder(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    module, missing = _build_layer(cls, (8, 2, 16), inputs)
-    masks = {
-        name: inputs[name]
-        for name in ("src_mask", "tgt_mask")
-        if inputs[name] is not None
-    }
-    output = _call(
-        f"Your {_display(cls)}'s forward",
-        module,
-        inputs["x"],
-        inputs["memory"],
-        **masks,
-    )
-    return {"missing parameters": missing, **_named(output, ("output",))}
-
-
 def _decoder_variant(
-    flip: bool = False,
-    residual: bool = True,
+    order: str = "asked",
+    residual: str = "yes",
     norms: tuple[int, int, int] = (0, 1, 2),
     causal: bool = True,
     swap_masks: bool = False,
@@ -127,21 +104,13 @@ def _decoder_variant(
     "normalised memory" (the memory through the cross-attention's own norm, in pre-norm)."""
 
     class Variant(DecoderLayer):
-        def forward(
-            self,
-            x: Tensor,
-            memory: Tensor,
-            *,
-            src_mask: Tensor | None = None,
-            tgt_mask: Tensor | None = None,
-            cache: Any = None,
-        ) -> Tensor:
-            pre = self.norm_first != flip
+        def forward(self, x: Tensor, memory: Tensor, **masks: Tensor) -> Tensor:
+            self_mask, cross_mask = masks.get("tgt_mask"), masks.get("src_mask")
+            if swap_masks:
+                self_mask, cross_mask = cross_mask, self_mask
+            pre = _pre_norm(order, self.norm_first)
             layer_norms = (self.norm1, self.norm2, self.norm3)
             norm1, norm2, norm3 = (layer_norms[i] for i in norms)
-            self_mask, cross_mask = (
-                (src_mask, tgt_mask) if swap_masks else (tgt_mask, src_mask)
-            )
 
             def attend(h: Tensor, norm: Callable) -> Tensor:
                 return self.self_attn(h, h, h, self_mask if causal else None)[0]
@@ -162,88 +131,64 @@ def _decoder_variant(
                 steps = [steps[1], steps[0], steps[2]]
             elif cross_first == "in_place":
                 steps = [(cross, norm1), (attend, norm2), (feed_forward, norm3)]
-            for f, norm in steps:
-                if pre:
-                    out = f(norm(x), norm)
-                    x = x + out if residual else out
-                else:
-                    out = f(x, norm)
-                    x = norm(x + out) if residual else norm(out)
-            return x
+            return _connected(x, steps, pre, residual)
 
     return Variant
 
 
+_mistake = mistake_maker(_decoder_variant, _CH7_LAYER)
+
 _DECODER_MISTAKES = (
-    Mistake(
-        "pre_post_swapped",
-        "norm_first=False normalises each sublayer's input and norm_first=True the sum; post-norm (the "
-        "paper's, norm_first=False) is norm(x + sublayer(x))",
-        (_decoder_variant(flip=True),),
-        section=_CH6_SUBLAYER,
-        did="swapped the two branches of norm_first",
-    ),
-    Mistake(
-        "missing_residual",
-        "the sublayers' inputs are not added back (no residual connections)",
-        (_decoder_variant(residual=False),),
-        section=_CH6_SUBLAYER,
-        did="left out the residual connections",
-    ),
-    Mistake(
+    *_layer_mistakes(mistake_maker(_decoder_variant, _CH6_SUBLAYER)),
+    _mistake(
         "norms_swapped",
+        "used the three LayerNorms in another order",
         "the three LayerNorms are used in another order; norm1 belongs to the self-attention, norm2 to "
         "the cross-attention and norm3 to the feed-forward network",
-        tuple(
-            _decoder_variant(norms=order)
+        *(
+            {"norms": order}
             for order in ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1))
         ),
-        section=_CH7_LAYER,
-        did="used the three LayerNorms in another order",
     ),
-    Mistake(
+    _mistake(
         "causal_mask_ignored",
+        "called the self-attention without tgt_mask",
         "tgt_mask is not passed to the self-attention, so every target position also reads the "
         "positions after it",
-        (_decoder_variant(causal=False),),
+        causal=False,
         section=_CH7_MASKED,
-        did="called the self-attention without tgt_mask",
     ),
-    Mistake(
+    _mistake(
         "masks_swapped",
+        "gave src_mask to the self-attention and tgt_mask to the cross-attention",
         "src_mask is given to the self-attention and tgt_mask to the cross-attention; tgt_mask hides "
         "the target's future from its self-attention, src_mask the source's padding from the "
         "cross-attention",
-        (_decoder_variant(swap_masks=True),),
-        section=_CH7_LAYER,
-        did="gave src_mask to the self-attention and tgt_mask to the cross-attention",
+        swap_masks=True,
     ),
-    Mistake(
+    _mistake(
         "cross_attention_on_itself",
+        "gave the cross-attention x as its keys and values",
         "the cross-attention takes its keys and values from the decoder's own states instead of the "
         "encoder's memory, so the layer never reads the source",
-        (_decoder_variant(cross_reads="itself"),),
+        cross_reads="itself",
         section=_CH7_CROSS,
-        did="gave the cross-attention x as its keys and values",
     ),
-    Mistake(
+    _mistake(
         "sublayers_reordered",
+        "ran the cross-attention before the self-attention",
         "the cross-attention runs before the masked self-attention; the layer first attends to the "
         "target's own past, then to the memory, then transforms each position",
-        (
-            _decoder_variant(cross_first="with_norms"),
-            _decoder_variant(cross_first="in_place"),
-        ),
-        section=_CH7_LAYER,
-        did="ran the cross-attention before the self-attention",
+        {"cross_first": "with_norms"},
+        {"cross_first": "in_place"},
     ),
-    Mistake(
+    _mistake(
         "memory_normalised",
+        "passed the memory through norm2 as well",
         "pre-norm passes the memory through the cross-attention's LayerNorm too; norm2 normalises "
         "the decoder's queries only, the memory is the encoder's output as it is",
-        (_decoder_variant(cross_reads="normalised memory"),),
+        cross_reads="normalised memory",
         section=_CH7_CROSS,
-        did="passed the memory through norm2 as well",
     ),
 )
 
@@ -251,13 +196,12 @@ _DECODER_MISTAKES = (
 PARTS = (
     Part(
         "DecoderLayer",
-        "class",
         DecoderLayer,
         "class (d_model, num_heads, d_ff, dropout=0.1, norm_first=False) with self_attn, cross_attn, "
         "feed_forward, norm1, norm2, norm3; forward(x, memory, *, src_mask=None, tgt_mask=None)",
         _CH7_LAYER,
         _decoder_cases,
-        _run_decoder,
+        _run_layer,
         _DECODER_MISTAKES,
         axes={"output": ("batch", "position", "feature")},
     ),

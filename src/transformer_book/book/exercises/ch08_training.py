@@ -15,16 +15,13 @@ from .engine import (
     _build,
     _call,
     _display,
+    _forward,
     _generator,
     _ReaderProblem,
+    _signature_of,
 )
-from .results import Mistake
-from .sections import (
-    _CH8_FLOOR,
-    _CH8_LOSS,
-    _CH8_RATE,
-    _CH8_TORCH,
-)
+from .results import mistake_maker
+from .sections import _CH8_FLOOR, _CH8_LOSS, _CH8_RATE, _CH8_TORCH
 
 
 def _smoothing_cases() -> list[Case]:
@@ -43,9 +40,8 @@ def _smoothing_cases() -> list[Case]:
                 2.0 * torch.randn(*shape, vocab, generator=g, dtype=torch.float64)
             ).to(dtype)
             target = torch.randint(0, vocab, shape, generator=g)
-            target[target == pad_id] = (
-                pad_id + 1
-            ) % vocab  # padding only where the case puts it
+            # padding only where the case puts it
+            target[target == pad_id] = (pad_id + 1) % vocab
             if pads:
                 target[torch.rand(shape, generator=g) < pads] = pad_id
                 target.view(-1)[-1] = pad_id
@@ -82,9 +78,8 @@ def _smoothing_cases() -> list[Case]:
         Case(
             "a batch that is all padding: the loss is 0, not 0/0",
             make(8, 7, 0.1, 0, (2, 3), 1.0),
-            only_for=(
-                "all_padding_nan",
-            ),  # other mistakes are named with or without a clamp
+            # other mistakes are named with or without a clamp
+            only_for=("all_padding_nan",),
         ),
         Case(
             "pad_id=3, vocabulary 6",
@@ -98,10 +93,7 @@ def _run_smoothing(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     module = _build(
         cls, (inputs["vocab"], inputs["smoothing"]), {"pad_id": inputs["pad_id"]}
     )
-    loss = _call(
-        f"Your {_display(cls)}'s forward", module, inputs["logits"], inputs["target"]
-    )
-    return {"loss": loss}
+    return {"loss": _forward(cls, module, inputs["logits"], inputs["target"])}
 
 
 def _smoothing_variant(
@@ -126,9 +118,8 @@ def _smoothing_variant(
         def forward(self, logits: Tensor, target: Tensor) -> Tensor:
             v, eps = self.vocab_size, self.smoothing
             log_probs = logits.double().log_softmax(-1)
-            if (
-                others == "uniform"
-            ):  # PyTorch's label_smoothing: ε spread over all V classes
+            # PyTorch's label_smoothing: ε spread over all V classes
+            if others == "uniform":
                 dist = torch.full(log_probs.shape, eps / v, dtype=torch.float64)
                 dist.scatter_(-1, target[..., None], 1 - eps + eps / v)
             else:
@@ -163,86 +154,84 @@ def _smoothing_variant(
     return Variant
 
 
+_smoothing_mistake = mistake_maker(_smoothing_variant)
+
 _SMOOTHING_MISTAKES = (
-    Mistake(
+    _smoothing_mistake(
         "mass_on_padding",
+        "gave the padding column a share of the smoothing",
         "the padding column receives a share of the smoothing mass; padding is never a right answer, so the "
         "package gives it 0",
-        (
-            _smoothing_variant(pad_column=True),
-            _smoothing_variant(others="V-1", pad_column=True),
-        ),
-        did="gave the padding column a share of the smoothing",
+        {"pad_column": True},
+        {"others": "V-1", "pad_column": True},
     ),
-    Mistake(
+    _smoothing_mistake(
         "wrong_share",
+        "shared the smoothing among V − 1 (or V) tokens",
         "each other token gets smoothing/(V − 1) (or smoothing/V); the package shares smoothing among the "
         "V − 2 tokens that are neither the right one nor padding",
-        (_smoothing_variant(others="V-1"), _smoothing_variant(others="V")),
-        did="shared the smoothing among V − 1 (or V) tokens",
+        {"others": "V-1"},
+        {"others": "V"},
     ),
-    Mistake(
+    _smoothing_mistake(
         "pytorch_label_smoothing",
+        "used PyTorch's label_smoothing= target",
         "the target is PyTorch's label_smoothing= target, (1 − ε)·one-hot + ε/V over all V classes, padding "
         "included; the package's gives the right token 1 − ε, padding 0 and ε/(V − 2) to each other token",
-        (_smoothing_variant(others="uniform"),),
+        others="uniform",
         section=_CH8_TORCH,
-        did="used PyTorch's label_smoothing= target",
     ),
-    Mistake(
+    _smoothing_mistake(
         "padding_positions_counted",
+        "averaged over every position",
         "the mean is taken over every position, padding included; the package averages over the positions "
         "whose target is not padding, and padding positions add nothing",
-        (
-            _smoothing_variant(average="all"),
-            _smoothing_variant(average="pad_loss_all"),
-            _smoothing_variant(average="pad_loss_real"),
-        ),
-        did="averaged over every position",
+        *({"average": average} for average in ("all", "pad_loss_all", "pad_loss_real")),
     ),
-    Mistake(
+    _smoothing_mistake(
         "confidence_not_one_minus_smoothing",
+        "gave the right token the mass 1",
         "the right token keeps the mass 1 while the others receive the smoothing too, so the target sums to "
         "more than 1; the right token gets 1 − smoothing",
-        (_smoothing_variant(confidence="one"),),
-        did="gave the right token the mass 1",
+        confidence="one",
     ),
-    Mistake(
+    _smoothing_mistake(
         "summed_not_averaged",
+        "returned the sum over the positions",
         "the losses of the positions are added up; the package divides the sum by the number of positions "
         "that are not padding",
-        (_smoothing_variant(average="sum"),),
-        did="returned the sum over the positions",
+        average="sum",
     ),
-    Mistake(
+    _smoothing_mistake(
         "kl_divergence",
+        "computed the KL divergence instead of the cross-entropy",
         "the loss is the KL divergence, lower than the cross-entropy by the entropy of the smoothed target: "
         "the same gradients, a different number, and a floor of 0 instead of that entropy",
-        (_smoothing_variant(kl=True),),
+        kl=True,
         section=_CH8_FLOOR,
-        did="computed the KL divergence instead of the cross-entropy",
     ),
-    Mistake(
+    _smoothing_mistake(
         "kl_divergence_summed",
+        "summed the KL divergence (the Annotated Transformer's KLDivLoss(reduction='sum'))",
         "the loss is nn.KLDivLoss(reduction='sum') of the smoothed target, as in the Annotated "
         "Transformer: a sum over the positions, lower than the summed cross-entropy by the "
         "target's entropy; the package's is the cross-entropy averaged over the real positions",
-        (_smoothing_variant(kl=True, average="sum"),),
+        kl=True,
+        average="sum",
         section=_CH8_FLOOR,
-        did="summed the KL divergence (the Annotated Transformer's KLDivLoss(reduction='sum'))",
     ),
-    Mistake(
+    _smoothing_mistake(
         "pad_id_ignored",
+        "took 0 as the padding id",
         "the padding id is taken to be 0 whatever pad_id is given",
-        (_smoothing_variant(fixed_pad=0),),
-        did="took 0 as the padding id",
+        fixed_pad=0,
     ),
-    Mistake(
+    _smoothing_mistake(
         "all_padding_nan",
+        "divided by the count of real targets without a clamp",
         "a batch whose every target is padding gives 0/0 = NaN: the count of real targets needs "
         ".clamp(min=1), and the loss of such a batch is 0",
-        (_smoothing_variant(average="real_unclamped"),),
-        did="divided by the count of real targets without a clamp",
+        average="real_unclamped",
     ),
 )
 
@@ -325,13 +314,10 @@ def _noam_variant(
     zero_at_zero: bool = False,
     clamp_taper: bool = True,
 ) -> Callable[..., float]:
+    @_signature_of(noam_rate)
     def rate(
-        step: int,
-        d_model: int,
-        warmup: int,
-        factor: float = 1.0,
-        total_steps: int | None = None,
-    ) -> float:
+        step: int, d_model: int, warmup: int, factor: float, total_steps: int | None
+    ):
         if zero_at_zero and step == 0:
             return 0.0
         s = max(step + shift, 1)
@@ -345,72 +331,73 @@ def _noam_variant(
     return rate
 
 
+_noam_mistake = mistake_maker(_noam_variant)
+
 _NOAM_MISTAKES = (
-    Mistake(
+    _noam_mistake(
         "missing_d_model_factor",
+        "left out d_model ** -0.5",
         "the d_model^−0.5 factor is left out, so the rates are √d_model times too large",
-        (_noam_variant(d_power=0.0),),
-        did="left out d_model ** -0.5",
+        d_power=0.0,
     ),
-    Mistake(
+    _noam_mistake(
         "wrong_warmup_power",
+        "gave warmup another power than -1.5",
         "the warm-up term is not step · warmup^−1.5; with that power the two terms meet at step = warmup, "
         "where the rate peaks",
-        tuple(_noam_variant(warmup_power=p) for p in (-0.5, -1.0, -2.0)),
-        did="gave warmup another power than -1.5",
+        *({"warmup_power": power} for power in (-0.5, -1.0, -2.0)),
     ),
-    Mistake(
+    _noam_mistake(
         "step_off_by_one",
+        "shifted the step by one",
         "the schedule is shifted by one step (the rate of step s is computed for s + 1 or s − 1)",
-        (_noam_variant(shift=1), _noam_variant(shift=-1)),
-        did="shifted the step by one",
+        {"shift": 1},
+        {"shift": -1},
     ),
-    Mistake(
+    _noam_mistake(
         "max_instead_of_min",
+        "took the max of the two terms",
         "the two terms are combined with max, so the rate never stops growing; it is the smaller of "
         "step^−0.5 and step · warmup^−1.5",
-        (_noam_variant(combine=max),),
-        did="took the max of the two terms",
+        combine=max,
     ),
-    Mistake(
+    _noam_mistake(
         "warmup_power_sign",
+        "wrote warmup ** 1.5 where the paper has warmup ** -1.5",
         "the warm-up term is step · warmup^+1.5: so large that the min always picks step^−0.5, "
         "and the rate never warms up; the term is step · warmup^−1.5",
-        (_noam_variant(warmup_power=1.5),),
-        section=_CH8_RATE,
-        did="wrote warmup ** 1.5 where the paper has warmup ** -1.5",
+        warmup_power=1.5,
     ),
-    Mistake(
+    _noam_mistake(
         "no_warmup",
+        "left out the warm-up term",
         "the rate only decays as step^−0.5, with no linear warm-up",
-        (_noam_variant(warm_up=False),),
-        did="left out the warm-up term",
+        warm_up=False,
     ),
-    Mistake(
+    _noam_mistake(
         "factor_ignored",
+        "never multiplied by factor",
         "the factor argument does not multiply the rate",
-        (_noam_variant(use_factor=False),),
-        did="never multiplied by factor",
+        use_factor=False,
     ),
-    Mistake(
+    _noam_mistake(
         "taper_ignored",
+        "never used total_steps",
         "total_steps has no effect; the package multiplies the rate by 1 − step/total_steps",
-        (_noam_variant(use_total=False),),
-        did="never used total_steps",
+        use_total=False,
     ),
-    Mistake(
+    _noam_mistake(
         "zero_at_step_zero",
+        "returned 0 for step 0",
         "step 0 gets the rate 0; the package counts step 0 as step 1",
-        (_noam_variant(zero_at_zero=True),),
-        did="returned 0 for step 0",
+        zero_at_zero=True,
     ),
-    Mistake(
+    _noam_mistake(
         "taper_negative",
+        "left out max(0, ·) around the taper",
         "after total_steps the taper 1 − step/total_steps turns negative, and a negative rate "
         "makes the optimiser climb the loss; the package keeps it at max(0, ·)",
-        (_noam_variant(clamp_taper=False),),
-        section=_CH8_RATE,
-        did="left out max(0, ·) around the taper",
+        clamp_taper=False,
     ),
 )
 
@@ -418,7 +405,6 @@ _NOAM_MISTAKES = (
 PARTS = (
     Part(
         "LabelSmoothingLoss",
-        "class",
         LabelSmoothingLoss,
         "class (vocab_size, smoothing=0.1, pad_id=0); forward(logits, target) → the mean loss",
         _CH8_LOSS,
@@ -429,7 +415,6 @@ PARTS = (
     ),
     Part(
         "noam_rate",
-        "function",
         noam_rate,
         "(step, d_model, warmup, factor=1.0, total_steps=None) → the learning rate",
         _CH8_RATE,

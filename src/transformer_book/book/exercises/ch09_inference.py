@@ -20,14 +20,10 @@ from .engine import (
     _keywords,
     _ReaderError,
     _ReaderProblem,
+    _signature_of,
 )
-from .results import Mistake
-from .sections import (
-    _CH5_PADDING,
-    _CH9_BEAM,
-    _CH9_LOOP,
-    _CH9_STOP,
-)
+from .results import Section, mistake_maker
+from .sections import _CH5_PADDING, _CH9_BEAM, _CH9_LOOP, _CH9_STOP
 
 
 class _Runaway(RuntimeError):
@@ -139,9 +135,8 @@ def _run_decoding(fn: Any, inputs: dict[str, Any]) -> dict[str, Any]:
             len(inputs["src"]) * inputs["kwargs"].get("beam_size", 1),
         )
     args = (model, inputs["src"], inputs["max_tokens"], _BOS, _EOS)
-    kwargs = _keywords(
-        fn, **inputs["kwargs"]
-    )  # a search without alpha runs its own penalty
+    # a search without alpha runs its own penalty
+    kwargs = _keywords(fn, **inputs["kwargs"])
     try:
         tokens = _call(f"Your {_display(fn)}", fn, *args, **kwargs)
     except _ReaderError as problem:
@@ -162,14 +157,9 @@ def _greedy_variant(
 ) -> Callable[..., Tensor]:
     """Greedy decoding (without a cache) with one thing changed."""
 
-    def decode(
-        model: Transformer,
-        src: Tensor,
-        max_tokens: int,
-        bos_id: int,
-        eos_id: int | None,
-        **_: Any,
-    ) -> Tensor:
+    @torch.inference_mode()
+    @_signature_of(greedy_decode)
+    def decode(model, src, max_tokens, bos_id, eos_id, **_):  # src_mask, use_cache
         pad = model.config.pad_id
         src_mask = padding_mask(src, pad)
         memory = model.encode(src, src_mask)
@@ -191,62 +181,61 @@ def _greedy_variant(
         return ys if keep_bos else ys[:, 1:]
 
     decode._catalogue_variant = True
-    return torch.inference_mode()(decode)
+    return decode
 
+
+_greedy_mistake = mistake_maker(_greedy_variant, _CH9_STOP)
 
 _GREEDY_MISTAKES = (
-    Mistake(
+    _greedy_mistake(
         "no_padding_after_eos",
+        "kept appending the argmax after a row's EOS",
         "a row that has produced EOS goes on producing tokens; the package writes pad_id after a row's EOS "
         "while the other rows go on",
-        (_greedy_variant(pad_after_eos=False),),
-        section=_CH9_STOP,
-        did="kept appending the argmax after a row's EOS",
+        pad_after_eos=False,
     ),
-    Mistake(
+    _greedy_mistake(
         "no_early_stop",
+        "always ran max_tokens − 1 steps",
         "the loop always runs to max_tokens, even when every row has produced EOS; the package stops as soon "
         "as all rows have ended",
-        (_greedy_variant(stop_when_done=False),),
-        section=_CH9_STOP,
-        did="always ran max_tokens − 1 steps",
+        stop_when_done=False,
     ),
-    Mistake(
+    _greedy_mistake(
         "bos_missing",
+        "returned the rows without BOS",
         "the result leaves out the BOS column; the package returns every row starting with bos_id",
-        (_greedy_variant(keep_bos=False),),
+        keep_bos=False,
         section=_CH9_LOOP,
-        did="returned the rows without BOS",
     ),
-    Mistake(
+    _greedy_mistake(
         "max_len_off_by_one",
+        "ran another number of steps than max_tokens − 1",
         "rows can reach another length than max_tokens: the package's count includes BOS, so it makes at most "
         "max_tokens − 1 steps",
-        (_greedy_variant(extra_steps=1), _greedy_variant(extra_steps=-1)),
-        section=_CH9_STOP,
-        did="ran another number of steps than max_tokens − 1",
+        {"extra_steps": 1},
+        {"extra_steps": -1},
     ),
-    Mistake(
+    _greedy_mistake(
         "stops_at_first_eos",
+        "stopped when any row had ended",
         "the loop stops as soon as any row produces EOS; the package goes on until every row has ended",
-        (_greedy_variant(stop_at_first=True),),
-        section=_CH9_STOP,
-        did="stopped when any row had ended",
+        stop_at_first=True,
     ),
-    Mistake(
+    _greedy_mistake(
         "source_padding_visible",
+        "decoded without src_mask",
         "the decoder's cross-attention reads the source's padding: no src_mask is given to decode",
-        (_greedy_variant(hide_source_padding=False),),
+        hide_source_padding=False,
         section=_CH5_PADDING,
-        did="decoded without src_mask",
     ),
-    Mistake(
+    _greedy_mistake(
         "reads_first_position",
+        "read the next token from hidden[:, 0]",
         "the next token is read from the first position's output (hidden[:, 0]); it comes from the last "
         "position, hidden[:, -1]",
-        (_greedy_variant(position=0),),
+        position=0,
         section=_CH9_LOOP,
-        did="read the next token from hidden[:, 0]",
     ),
 )
 
@@ -265,16 +254,9 @@ def _beam_variant(
     not frozen, pruning by the raw log-probability, stopping when the top beam ends, or an alpha
     of its own whatever is given."""
 
-    def search(
-        model: Transformer,
-        src: Tensor,
-        max_tokens: int,
-        bos_id: int,
-        eos_id: int | None,
-        beam_size: int = 4,
-        src_mask: Tensor | None = None,
-        alpha: float = 0.6,
-    ) -> Tensor:
+    @torch.inference_mode()
+    @_signature_of(beam_search)
+    def search(model, src, max_tokens, bos_id, eos_id, beam_size, src_mask, alpha, **_):
         pad, vocab, batch, k = (
             model.config.pad_id,
             model.config.tgt_vocab_size,
@@ -289,9 +271,8 @@ def _beam_variant(
         scores[:, 0] = 0.0
         lengths = torch.full((batch, k), first_length)
         finished = torch.zeros(batch, k, dtype=torch.bool)
-        stopped = torch.zeros(
-            batch, 1, dtype=torch.bool
-        )  # rows whose top beam has ended
+        # rows whose top beam has ended
+        stopped = torch.zeros(batch, 1, dtype=torch.bool)
 
         a = alpha if fixed_alpha is None else fixed_alpha
 
@@ -346,103 +327,110 @@ def _beam_variant(
         return best_ys[:, :keep]
 
     search._catalogue_variant = True
-    return torch.inference_mode()(search)
+    return search
 
+
+_beam_mistake = mistake_maker(_beam_variant)
 
 _BEAM_MISTAKES = (
-    Mistake(
+    _beam_mistake(
         "length_counts_bos",
+        "counted BOS in |y|",
         "|y| in the length penalty counts BOS, so a hypothesis is one token longer than it is; |y| counts "
         "the tokens after BOS, EOS included (the first generated token has length 1)",
-        (_beam_variant(first_length=1.0),),
-        did="counted BOS in |y|",
+        first_length=1.0,
     ),
-    Mistake(
+    _beam_mistake(
         "stops_when_top_beam_finishes",
+        "stopped when the top beam ended",
         "the search stops as soon as the best hypothesis has produced EOS; a longer one still "
         "growing can overtake it once the length penalty counts its length, so the package goes "
         "on until every beam has ended (or max_tokens)",
-        (_beam_variant(stop="top"),),
-        section=_CH9_BEAM,
-        did="stopped when the top beam ended",
+        stop="top",
     ),
-    Mistake(
+    _beam_mistake(
         "penalty_only_at_final_pick",
+        "kept the top-k by log-probability and divided by the penalty only at the end",
         "the beams are pruned by their raw log-probability and the length penalty is applied only "
         "to pick the final answer, so a longer hypothesis that the penalty favours is pruned before "
         "it can finish; the package ranks candidates by the penalised score at every step",
-        (_beam_variant(prune="raw"),),
-        section=_CH9_BEAM,
-        did="kept the top-k by log-probability and divided by the penalty only at the end",
+        prune="raw",
     ),
-    Mistake(
+    _beam_mistake(
         "divided_by_length",
+        "divided the log-probability by the length",
         "the score is divided by |y| itself, which ignores alpha; the package divides by GNMT's "
         "((5 + |y|)/6)^alpha",
-        (_beam_variant(penalty="length"),),
-        section=_CH9_BEAM,
-        did="divided the log-probability by the length",
+        penalty="length",
     ),
-    Mistake(
+    _beam_mistake(
         "length_without_eos",
+        "left EOS out of |y|",
         "|y| in the length penalty leaves out EOS; |y| counts the tokens after BOS, EOS included",
-        (_beam_variant(count_eos=False),),
-        did="left EOS out of |y|",
+        count_eos=False,
     ),
-    Mistake(
+    _beam_mistake(
         "no_length_penalty",
+        "ranked by the log-probability alone",
         "hypotheses are ranked by log-probability alone (alpha has no effect); the package divides by "
         "((5 + |y|)/6)^alpha, so that longer outputs are not penalised for their length",
-        (_beam_variant(penalty="none"),),
-        did="ranked by the log-probability alone",
+        penalty="none",
     ),
-    Mistake(
+    _beam_mistake(
         "alpha_ignored",
+        "took no alpha parameter (or never read it)",
         "the given alpha has no effect: the search uses a strength of its own (or takes no alpha), "
         "so a call with alpha=2.0 ranks like one with the default",
-        tuple(_beam_variant(fixed_alpha=a) for a in (0.6, 1.0, 0.7, 0.5)),
-        section=_CH9_BEAM,
-        did="took no alpha parameter (or never read it)",
+        *({"fixed_alpha": alpha} for alpha in (0.6, 1.0, 0.7, 0.5)),
     ),
-    Mistake(
+    _beam_mistake(
         "length_power_penalty",
+        "divided by |y| ** alpha",
         "scores are divided by |y|^alpha; the package uses GNMT's penalty ((5 + |y|)/6)^alpha",
-        (_beam_variant(penalty="power"),),
-        did="divided by |y| ** alpha",
+        penalty="power",
     ),
-    Mistake(
+    _beam_mistake(
         "finished_not_frozen",
+        "kept extending hypotheses after EOS",
         "a hypothesis that has produced EOS is extended further; the package freezes it: its score stays, "
         "and only padding follows",
-        (_beam_variant(freeze=False),),
-        did="kept extending hypotheses after EOS",
+        freeze=False,
     ),
 )
 
 
+def _decoding_part(
+    name: str, reference: Any, summary: str, section: Section, mistakes: tuple
+) -> Part:
+    """A decoding part: run on the scripted model, its tokens compared whatever their
+    integer dtype; beam search's cases have a beam size and a length penalty."""
+    beam = name == "beam_search"
+    return Part(
+        name,
+        reference,
+        summary,
+        section,
+        lambda: _decoding_cases(beam),
+        _run_decoding,
+        mistakes,
+        axes={"tokens": ("row", "position")},
+        strict_dtype=False,
+    )
+
+
 PARTS = (
-    Part(
+    _decoding_part(
         "greedy_decode",
-        "function",
         greedy_decode,
         "(model, src, max_tokens, bos_id, eos_id) → ids (batch, ≤ max_tokens), BOS first, padding after EOS",
         _CH9_LOOP,
-        lambda: _decoding_cases(beam=False),
-        _run_decoding,
         _GREEDY_MISTAKES,
-        axes={"tokens": ("row", "position")},
-        strict_dtype=False,
     ),
-    Part(
+    _decoding_part(
         "beam_search",
-        "function",
         beam_search,
         "(model, src, max_tokens, bos_id, eos_id, beam_size=4, src_mask=None, alpha=0.6) → ids (batch, ≤ max_tokens)",
         _CH9_BEAM,
-        lambda: _decoding_cases(beam=True),
-        _run_decoding,
         _BEAM_MISTAKES,
-        axes={"tokens": ("row", "position")},
-        strict_dtype=False,
     ),
 )

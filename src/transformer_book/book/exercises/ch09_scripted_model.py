@@ -21,13 +21,8 @@ _TGT_VOCAB = 10  # 0 padding, 1 BOS, 2 EOS, 3..9 words
 _SOURCES = 9  # source ids 1..7 (0 is padding); each names one script of next-token probabilities
 
 
-_BEAM_RATIOS = {
-    4: 0.585,
-    5: 0.535,
-    6: 0.3,
-    7: 0.8,
-    9: 0.9,
-}  # source → log P(short) / log P(long), see _script
+# source → log P(short) / log P(long), see _script
+_BEAM_RATIOS = {4: 0.585, 5: 0.535, 6: 0.3, 7: 0.8, 9: 0.9}
 
 
 def _beam_log_probs(ratio: float) -> tuple[float, float]:
@@ -86,11 +81,8 @@ def _build_scripted_model() -> Transformer:
     same numbers, so the generator's weights can be solved for exactly.
     """
     v, sources = _TGT_VOCAB, _SOURCES
-    source_at, source_pad_at, pair_at = (
-        v - 1,
-        v + sources,
-        v + sources + 1,
-    )  # source s sits at v - 1 + s
+    # source s sits at v - 1 + s
+    source_at, source_pad_at, pair_at = (v - 1, v + sources, v + sources + 1)
     pairs = [(c, s) for s in range(1, sources + 1) for c in range(v)]
     d_model = pair_at + len(pairs)
     d_model += d_model % 2  # the positional encoding needs an even width
@@ -147,9 +139,8 @@ def _build_scripted_model() -> Transformer:
             ff.linear1.weight[unit, source_at + s] = 1.0
             ff.linear1.bias[unit] = -threshold
             ff.linear2.weight[pair_at + unit, unit] = spike / margin
-            row = torch.tensor(
-                [-14.0 - 0.1 * t for t in range(v)], dtype=torch.float64
-            )  # distinct: no ties
+            # distinct: no ties
+            row = torch.tensor([-14.0 - 0.1 * t for t in range(v)], dtype=torch.float64)
             for token, value in script.get((c, s), {9: 4.0}).items():
                 row[token] = value
             logits[unit] = row

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from tokenizers import Tokenizer, models, trainers
 
 from .engine import Case, Part, run_function
-from .results import Mistake, Section
+from .results import Section, mistake_maker
 
-_CH11_BPE = Section(11, "11_real_language", "11.3 A learned subword vocabulary")
+_CH11_BPE = Section("11_real_language", "11.3 A learned subword vocabulary")
 
 Words = dict[tuple[str, ...], int]
 
@@ -113,62 +113,56 @@ def _variant(
     return merge_step
 
 
+_mistake = mistake_maker(_variant)
+
 _MISTAKES = (
-    Mistake(
+    _mistake(
         "unweighted_counts",
+        "counted a pair once per word instead of once per occurrence of the word",
         "counts each word once, whatever its frequency",
-        (_variant(weighted=False),),
-        section=_CH11_BPE,
-        did="counted a pair once per word instead of once per occurrence of the word",
+        weighted=False,
     ),
-    Mistake(
+    _mistake(
         "ties_by_first_seen",
+        "took the first of the most frequent pairs",
         "breaks a tie by the pair seen first, not by the smaller pair",
-        (_variant(ties="first"),),
-        section=_CH11_BPE,
-        did="took the first of the most frequent pairs",
+        ties="first",
     ),
-    Mistake(
+    _mistake(
         "merged_once_per_word",
+        "merged the pair once per word instead of everywhere",
         "merges only the first occurrence of the pair in each word",
-        (_variant(first_only=True),),
-        section=_CH11_BPE,
-        did="merged the pair once per word instead of everywhere",
+        first_only=True,
     ),
-    Mistake(
+    _mistake(
         "ties_by_largest_pair",
+        "took the last of the tied pairs in sorted order",
         "breaks a tie by the larger pair in sorted order",
-        (_variant(ties="largest"),),
-        section=_CH11_BPE,
-        did="took the last of the tied pairs in sorted order",
+        ties="largest",
     ),
-    Mistake(
+    _mistake(
         "merged_right_to_left",
+        "scanned each word from the right",
         "merges from the end of the word, so a run like a a a becomes a|aa",
-        (_variant(backwards=True),),
-        section=_CH11_BPE,
-        did="scanned each word from the right",
+        backwards=True,
     ),
-    Mistake(
+    _mistake(
         "symbols_joined_with_a_space",
+        "joined the pair with a space",
         "writes the new symbol with a space between its two halves",
-        (_variant(joiner=" "),),
-        section=_CH11_BPE,
-        did="joined the pair with a space",
+        joiner=" ",
     ),
-    Mistake(
+    _mistake(
         "words_not_merged",
+        "returned the old words",
         "finds the right pair but returns the words unchanged",
-        (_variant(merge=False),),
-        section=_CH11_BPE,
-        did="returned the old words",
+        merge=False,
     ),
 )
 
 PARTS = (
     Part(
         name="bpe_merge_step",
-        kind="function",
         reference=library_merge_step,
         summary="``(words)`` → ``(pair, new_words)``, one merge of byte-pair encoding",
         section=_CH11_BPE,

@@ -19,6 +19,7 @@ notebook or change the session:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import math
@@ -81,22 +82,24 @@ class Part:
     """Everything :func:`check` needs to know about one component."""
 
     name: str
-    kind: str  # "function" or "class"
-    reference: Any
+    reference: Any  # the package's function or class
     summary: str
     section: Section
     cases: Callable[[], list[Case]]
-    run: Callable[
-        [Any, Any], dict[str, Any]
-    ]  # (implementation, case inputs) → named outputs
+    # (implementation, case inputs) → named outputs
+    run: Callable[[Any, Any], dict[str, Any]]
     mistakes: tuple[Mistake, ...]
     axes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     strict_dtype: bool = True
     tolerance: dict[torch.dtype, tuple[float, float]] = field(default_factory=dict)
-    broadcast_equivalent: bool = (
-        False  # a result without the package's leading size-1 axes is the same
-    )
+    # a result without the package's leading size-1 axes is the same
+    broadcast_equivalent: bool = False
     grad: bool = False
+
+    @property
+    def kind(self) -> str:
+        """``"class"`` or ``"function"``, as the package's reference is."""
+        return "class" if isinstance(self.reference, type) else "function"
 
 
 def _generator(offset: int) -> torch.Generator:
@@ -136,9 +139,8 @@ def _time_budget(seconds: float) -> Iterator[None]:
         return
 
     def alarm(signum: int, frame: Any) -> None:
-        if getattr(
-            _ARMED, "on", False
-        ):  # after the block has ended, a late alarm does nothing
+        # after the block has ended, a late alarm does nothing
+        if getattr(_ARMED, "on", False):
             raise _OutOfTime
 
     previous = signal.signal(signal.SIGALRM, alarm)
@@ -155,9 +157,8 @@ def _time_budget(seconds: float) -> Iterator[None]:
             except _OutOfTime:
                 continue
         signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
-        if (
-            before[0] > 0
-        ):  # someone else's alarm (pytest-timeout, say): its time, less ours
+        # someone else's alarm (pytest-timeout, say): its time, less ours
+        if before[0] > 0:
             left = max(before[0] - (time.monotonic() - start), 1e-3)
             signal.setitimer(signal.ITIMER_REAL, left, before[1])
 
@@ -176,10 +177,8 @@ def _call(context: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         ) from None
     except _ReaderProblem:
         raise
-    except (
-        Exception,
-        SystemExit,
-    ) as error:  # a reader's sys.exit() must not end the session
+    # a reader's sys.exit() must not end the session
+    except (Exception, SystemExit) as error:
         raise _ReaderError(context, error) from error
 
 
@@ -231,9 +230,8 @@ def _isolated(grad: bool) -> Iterator[None]:
         with torch.random.fork_rng(devices=gpus), torch.set_grad_enabled(grad):
             torch.set_num_threads(1)
             torch.set_default_dtype(torch.float32)
-            torch.default_generator.manual_seed(
-                _SEED
-            )  # not torch.manual_seed: GPUs too
+            # not torch.manual_seed: GPUs too
+            torch.default_generator.manual_seed(_SEED)
             yield
     finally:
         torch.set_num_threads(threads)
@@ -356,9 +354,8 @@ def _recognise(
                     and (not case.only_for or mistake.name in case.only_for)
                 ):
                     return mistake
-            except (
-                Exception
-            ):  # a variant that cannot run on some input is not the reader's version
+            # a variant that cannot run on some input is not the reader's version
+            except Exception:
                 continue
     return None
 
@@ -499,16 +496,24 @@ def _load_state(module: nn.Module, state: dict[str, Tensor]) -> tuple[str, ...]:
     return tuple(sorted(name for name in state if name not in own))
 
 
-def _build_layer(
-    cls: Any, args: tuple, inputs: dict[str, Any]
+def _build_loaded(
+    cls: Any, args: tuple, inputs: dict[str, Any], **wanted: Any
 ) -> tuple[nn.Module, tuple[str, ...]]:
-    """Build a layer like the package's (``inputs``: its ``dropout``, ``norm_first``, ``dtype``
-    and ``state``), in eval mode with the package's weights; and the parameters it lacks."""
-    wanted = {"dropout": inputs.get("dropout", 0.0)}
-    wanted |= {"norm_first": True} if inputs["norm_first"] else {}
+    """``cls(*args, **wanted)`` in eval mode, in ``inputs["dtype"]``, holding the package's
+    weights ``inputs["state"]``; and the names of the parameters it lacks."""
     module = _build(cls, args, wanted).to(inputs["dtype"])
     state = {k: v.to(inputs["dtype"]) for k, v in inputs["state"].items()}
     return module, _load_state(module, state)
+
+
+def _forward(cls: Any, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """Call the reader's ``module`` (built from their class ``cls``), guarded by :func:`_call`."""
+    return _call(f"Your {_display(cls)}'s forward", module, *args, **kwargs)
+
+
+def _key_padding(lengths: Sequence[int] | Tensor, size: int) -> Tensor:
+    """A padding mask ``(batch, 1, size)``: row b may read its first ``lengths[b]`` keys."""
+    return (torch.arange(size) < torch.as_tensor(lengths)[:, None])[:, None, :]
 
 
 def _random_state(module: nn.Module, generator: torch.Generator) -> dict[str, Tensor]:
@@ -525,6 +530,24 @@ def _random_state(module: nn.Module, generator: torch.Generator) -> dict[str, Te
         else:
             state[name] = 0.3 * torch.randn(value.shape, generator=generator)
     return state
+
+
+def _signature_of(reference: Callable) -> Callable[[Callable], Callable]:
+    """Give a broken version of the catalogue the package's signature: it is called like
+    ``reference``, and its body receives every parameter by name, the defaults filled in."""
+    signature = inspect.signature(reference)
+
+    def adopt(body: Callable) -> Callable:
+        @functools.wraps(body)
+        def version(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return body(**bound.arguments)
+
+        version.__signature__ = signature
+        return version
+
+    return adopt
 
 
 def run_function(names: tuple[str, ...]) -> Callable[[Any, Any], dict[str, Any]]:
@@ -549,9 +572,8 @@ def run_check(spec: Part, fn: Any) -> CheckResult:
         try:
             with _isolated(spec.grad):
                 result = _grade(spec, fn)
-        except (
-            Exception
-        ) as error:  # the checker's own failure must not take the session down
+        # the checker's own failure must not take the session down
+        except Exception as error:
             result = CheckResult(
                 spec.name,
                 False,

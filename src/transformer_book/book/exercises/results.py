@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,15 +23,19 @@ def _anchor(title: str) -> str:
 
 @dataclass(frozen=True)
 class Section:
-    """A section of the book to re-read: the chapter (a number, or ``"A"`` for the errata
-    appendix), its notebook's ``page`` under ``chapters/`` and the heading's ``title``."""
+    """A section of the book to re-read: its notebook's ``page`` under ``chapters/``
+    (``"05_masking"``, ``"appendix/a_errata"``) and the heading's ``title``."""
 
-    chapter: int | str
     page: str
     title: str
-    anchor: str = (
-        ""  # when the section has a label of its own instead of the heading's id
-    )
+    # when the section has a label of its own instead of the heading's id
+    anchor: str = ""
+
+    @property
+    def chapter(self) -> int | str:
+        """The chapter's number, or an appendix's letter (``"A"``), from the page's name."""
+        name = self.page.removeprefix("appendix/")
+        return int(name[:2]) if name[:2].isdigit() else name[0].upper()
 
     @property
     def link(self) -> str:
@@ -40,6 +45,11 @@ class Section:
     def __str__(self) -> str:
         where = "appendix A" if self.chapter == "A" else f"chapter {self.chapter}"
         return f"{where}, “{self.title}”"
+
+
+def page_sections(page: str, *titles: str) -> tuple[Section, ...]:
+    """The sections of one page of the book, by their headings' titles."""
+    return tuple(Section(page, title) for title in titles)
 
 
 def _errata_link(row: int) -> str:
@@ -64,6 +74,40 @@ class Mistake:
     errata: tuple[int, ...] = ()
     did: str = ""  # what the reader wrote, said to them: "divided the scores by d_k"
     outputs: tuple[str, ...] = ()  # recognised on these outputs only (all when empty)
+
+
+def mistake_maker(
+    variant: Callable[..., Any], section: Section | None = None
+) -> Callable[..., Mistake]:
+    """The maker of a part's catalogue entries whose broken versions come from one
+    ``variant`` factory (which makes a version, or a tuple of versions, from some changes).
+
+    ``mistake(name, did, does, **changes)`` reads as one entry: the mistake's name, what the
+    reader did, what a version with it computes, and the changes that make its version
+    ``variant(**changes)``. More versions of the same mistake follow ``does``, each a dict of
+    changes or a version itself. ``section`` says where the book explains the mistake (the
+    maker's ``section`` by default, else the part's own), ``errata`` which rows of the errata
+    appendix make it, ``outputs`` on which outputs alone it is recognised.
+    """
+
+    def mistake(
+        name: str,
+        did: str,
+        does: str,
+        *more: dict[str, Any] | Callable[..., Any],
+        section: Section | None = section,
+        errata: tuple[int, ...] = (),
+        outputs: tuple[str, ...] = (),
+        **changes: Any,
+    ) -> Mistake:
+        made = [variant(**changes)] if changes else []
+        made += [variant(**item) if isinstance(item, dict) else item for item in more]
+        versions = tuple(v for m in made for v in (m if isinstance(m, tuple) else (m,)))
+        return Mistake(
+            name, does, versions, section, errata=errata, did=did, outputs=outputs
+        )
+
+    return mistake
 
 
 @dataclass
