@@ -329,17 +329,10 @@ class DecoderOnly(nn.Module):
         """No encoder: the "memory" the decoding loops hand back is ``src``."""
         return src
 
-    def decode(
-        self,
-        memory: Tensor,
-        tgt: Tensor,
-        *,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
-        cache: object | None = None,
-    ) -> Tensor:
+    def decode(self, memory: Tensor, tgt: Tensor, *, cache=None, **masks) -> Tensor:
         """Hidden states of ``tgt``'s positions ``(batch, T, d_model)``. The
-        mask is made here, from the tokens: causal, and padding hidden."""
+        decoding loops' masks are not needed: the mask is made here, from the
+        tokens (causal, padding hidden)."""
         if cache is not None:
             raise ValueError("cache: this model keeps none; use use_cache=False")
         tokens = torch.cat([memory, tgt], dim=1)  # the source, then the target
@@ -349,13 +342,8 @@ class DecoderOnly(nn.Module):
             x = layer(x, mask)
         return x[:, memory.shape[1] :]
 
-    def forward(
-        self,
-        src: Tensor,
-        tgt: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
-    ) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, *masks: Tensor | None) -> Tensor:
+        """Logits ``(batch, T, tgt_vocab_size)``; ``fit``'s masks are not needed."""
         return self.generator(self.decode(self.encode(src), tgt))
 
 
