@@ -79,9 +79,9 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.norm3 = nn.LayerNorm(d_model)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
+        self.drop1 = nn.Dropout(dropout)
+        self.drop2 = nn.Dropout(dropout)
+        self.drop3 = nn.Dropout(dropout)
 
     def forward(
         self,
@@ -110,9 +110,9 @@ class DecoderLayer(nn.Module):
             return self.cross_attn(h, memory, memory, src_mask, cache=cross_cache)[0]
 
         pre = self.norm_first  # pre-norm, or the paper's post-norm
-        x = sublayer_connection(x, self_attention, self.norm1, self.dropout1, pre)
-        x = sublayer_connection(x, cross_attention, self.norm2, self.dropout2, pre)
-        return sublayer_connection(x, self.feed_forward, self.norm3, self.dropout3, pre)
+        x = sublayer_connection(x, self_attention, self.norm1, self.drop1, pre)
+        x = sublayer_connection(x, cross_attention, self.norm2, self.drop2, pre)
+        return sublayer_connection(x, self.feed_forward, self.norm3, self.drop3, pre)
 
 
 class Decoder(nn.Module):

@@ -31,14 +31,14 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+        self.drop1, self.drop2 = nn.Dropout(dropout), nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         check_features(x, "x", self.d_model)
         attend = lambda h: self.self_attn(h, h, h, mask)[0]  # noqa: E731
         pre = self.norm_first  # pre-norm, or the paper's post-norm
-        x = sublayer_connection(x, attend, self.norm1, self.dropout1, pre)
-        return sublayer_connection(x, self.feed_forward, self.norm2, self.dropout2, pre)
+        x = sublayer_connection(x, attend, self.norm1, self.drop1, pre)
+        return sublayer_connection(x, self.feed_forward, self.norm2, self.drop2, pre)
 
 
 class Encoder(nn.Module):

@@ -15,7 +15,7 @@ from .checks import check_positive, check_probability
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: ``linear2(dropout(relu(linear1(x))))``.
+    """Position-wise feed-forward network: ``linear2(drop(relu(linear1(x))))``.
 
     The same two matrices are applied to every position independently.
     Shapes: ``(batch, seq, d_model)`` → ``(batch, seq, d_model)`` via ``d_ff`` hidden units.
@@ -28,27 +28,29 @@ class FeedForward(nn.Module):
         check_probability(dropout, "dropout")
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout)  # a module; `dropout` is its rate
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.linear1(x).relu()))
+        return self.linear2(self.drop(self.linear1(x).relu()))
 
 
 def sublayer_connection(
     x: Tensor,
     sublayer: Callable[[Tensor], Tensor],
     norm: Callable[[Tensor], Tensor],
-    dropout: Callable[[Tensor], Tensor],
+    drop: Callable[[Tensor], Tensor],
     norm_first: bool,
 ) -> Tensor:
     """Residual + LayerNorm around one sublayer, both ways.
 
-    post-norm (the paper): ``norm(x + dropout(sublayer(x)))``
-    pre-norm:              ``x + dropout(sublayer(norm(x)))``
+    post-norm (the paper): ``norm(x + drop(sublayer(x)))``
+    pre-norm:              ``x + drop(sublayer(norm(x)))``
+
+    ``drop`` is a dropout module (``nn.Dropout``); ``dropout`` always names a rate.
     """
     if norm_first:
-        return x + dropout(sublayer(norm(x)))
-    return norm(x + dropout(sublayer(x)))
+        return x + drop(sublayer(norm(x)))
+    return norm(x + drop(sublayer(x)))
 
 
 def final_norm(d_model: int, norm_first: bool) -> nn.Module:

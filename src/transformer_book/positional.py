@@ -63,7 +63,7 @@ class PositionalEncoding(nn.Module):
         check_probability(dropout, "dropout")
         self.d_model = d_model
         self.max_len = max_len
-        self.dropout = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout)
         # A buffer: it moves with .to(device) but is not a parameter and is not saved.
         self.register_buffer(
             "pe",
@@ -75,4 +75,4 @@ class PositionalEncoding(nn.Module):
         check_features(x, "x", self.d_model)
         check_offset(offset, x, self.max_len)
         positions = offset + torch.arange(x.shape[1], device=x.device)
-        return self.dropout(x + self.pe[positions].to(x.dtype))
+        return self.drop(x + self.pe[positions].to(x.dtype))

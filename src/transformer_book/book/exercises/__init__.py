@@ -127,7 +127,7 @@ def check(name: str, fn: Any) -> CheckResult:
       ``v_proj``, ``out_proj``
     - ``"padding_mask"``, ``"causal_mask"``, ``"target_mask"`` (chapter 5): ``(tokens, pad_id=0)``,
       ``(size)``, ``(tokens, pad_id=0)`` → ``(batch, seq, seq)``, padding and causal at once
-    - ``"sublayer_connection"`` (chapter 6): ``(x, sublayer, norm, dropout, norm_first)``
+    - ``"sublayer_connection"`` (chapter 6): ``(x, sublayer, norm, drop, norm_first)``
     - ``"EncoderLayer"`` (chapter 6): class ``(d_model, num_heads, d_ff, dropout=0.1, norm_first=False)``
     - ``"DecoderLayer"`` (chapter 7): class ``(d_model, num_heads, d_ff, dropout=0.1, norm_first=False)``
       with ``forward(x, memory, *, src_mask=None, tgt_mask=None)``, the masks by keyword only

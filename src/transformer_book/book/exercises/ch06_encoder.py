@@ -71,14 +71,14 @@ def _sublayer_cases() -> list[Case]:
     ]
 
 
-def _post(x: Tensor, f: Callable, norm: Callable, dropout: Callable) -> Tensor:
-    """The package's post-norm branch, ``norm(x + dropout(f(x)))``."""
-    return sublayer_connection(x, f, norm, dropout, norm_first=False)
+def _post(x: Tensor, f: Callable, norm: Callable, drop: Callable) -> Tensor:
+    """The package's post-norm branch, ``norm(x + drop(f(x)))``."""
+    return sublayer_connection(x, f, norm, drop, norm_first=False)
 
 
-def _pre(x: Tensor, f: Callable, norm: Callable, dropout: Callable) -> Tensor:
-    """The package's pre-norm branch, ``x + dropout(f(norm(x)))``."""
-    return sublayer_connection(x, f, norm, dropout, norm_first=True)
+def _pre(x: Tensor, f: Callable, norm: Callable, drop: Callable) -> Tensor:
+    """The package's pre-norm branch, ``x + drop(f(norm(x)))``."""
+    return sublayer_connection(x, f, norm, drop, norm_first=True)
 
 
 def _sublayer_variant(
@@ -88,9 +88,9 @@ def _sublayer_variant(
     branches swapped (``flip``)."""
 
     @_signature_of(sublayer_connection)
-    def connection(x, sublayer, norm, dropout, norm_first):
+    def connection(x, sublayer, norm, drop, norm_first):
         branch = pre if norm_first != flip else post
-        return branch(x, sublayer, norm, dropout)
+        return branch(x, sublayer, norm, drop)
 
     return connection
 
@@ -110,8 +110,8 @@ _SUBLAYER_MISTAKES = (
     _sublayer_mistake(
         "pre_post_swapped",
         "swapped the two branches of norm_first",
-        "norm_first=False gives x + dropout(sublayer(norm(x))) and norm_first=True gives "
-        "norm(x + dropout(sublayer(x))); post-norm (the paper's, norm_first=False) normalises after the sum",
+        "norm_first=False gives x + drop(sublayer(norm(x))) and norm_first=True gives "
+        "norm(x + drop(sublayer(x))); post-norm (the paper's, norm_first=False) normalises after the sum",
         flip=True,
     ),
     _sublayer_mistake(
@@ -141,14 +141,14 @@ _SUBLAYER_MISTAKES = (
     _sublayer_mistake(
         "residual_added_after_norm",
         "added x after the norm in post-norm",
-        "post-norm computes x + norm(dropout(sublayer(x))); the paper's post-norm normalises the sum, "
-        "norm(x + dropout(sublayer(x)))",
+        "post-norm computes x + norm(drop(sublayer(x))); the paper's post-norm normalises the sum, "
+        "norm(x + drop(sublayer(x)))",
         post=lambda x, f, n, d: x + n(d(f(x))),
     ),
     _sublayer_mistake(
         "normalised_residual",
         "added norm(x) instead of x in pre-norm",
-        "pre-norm computes norm(x) + dropout(sublayer(norm(x))): the normalised input replaces x on the "
+        "pre-norm computes norm(x) + drop(sublayer(norm(x))): the normalised input replaces x on the "
         "residual path, which pre-norm leaves untouched",
         pre=lambda x, f, n, d: n(x) + d(f(n(x))),
         errata=(40,),
@@ -374,7 +374,7 @@ PARTS = (
     Part(
         "sublayer_connection",
         sublayer_connection,
-        "(x, sublayer, norm, dropout, norm_first) → the residual connection around sublayer",
+        "(x, sublayer, norm, drop, norm_first) → the residual connection around sublayer",
         _CH6_SUBLAYER,
         _sublayer_cases,
         run_function(("output",)),
