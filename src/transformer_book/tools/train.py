@@ -2,8 +2,10 @@
 
 One process, then several (one per GPU, or several CPU processes talking over gloo)::
 
-    transformer-book-train --task copy --out copy.pt   # or: python -m transformer_book.tools.train ...
-    torchrun --standalone --nproc_per_node=4 -m transformer_book.tools.train --task dates --out dates.pt
+    transformer-book-train --task copy --out copy.pt
+    python -m transformer_book.tools.train --task copy --out copy.pt  # the same
+    torchrun --standalone --nproc_per_node=4 -m transformer_book.tools.train \\
+        --task dates --out dates.pt
 
 Every option is a field of the task's recipe (``transformer_book.RECIPES``), spelt with dashes
 (``--num-heads`` for ``num_heads``), and every option left out takes the recipe's value: the run is
