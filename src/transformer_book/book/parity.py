@@ -126,4 +126,6 @@ def to_pytorch(module: nn.Module) -> nn.Module:
             "module must be one of this package's attention, layer, stack or Transformer classes, "
             f"got {type(module).__name__}"
         )
-    return theirs.train(module.training)
+    # Built on the CPU in float32, like any new module: move it where ``module`` lives.
+    weight = next(module.parameters())
+    return theirs.to(weight.device, weight.dtype).train(module.training)
