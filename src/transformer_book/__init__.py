@@ -55,7 +55,7 @@ from .checks import (
     shape_of,
     trusted_ids,
 )
-from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch
+from .data import Batch, CopyTask, DateTask, Vocabulary, copy_task_batch, labelled_bits
 from .decoder import Decoder, DecoderCache, DecoderLayer, LayerCache
 from .embedding import TokenEmbedding
 from .encoder import Encoder, EncoderLayer
@@ -121,6 +121,7 @@ __all__ = [
     "LabelSmoothingLoss",
     "Vocabulary",
     "copy_task_batch",
+    "labelled_bits",
     "exact_match",
     "fit",
     "noam_optimizer",

@@ -13,6 +13,10 @@ Two tasks:
 Each task has three sets, disjoint by construction: training batches, a
 validation set that training may look at to choose (when to stop, which weights
 to keep), and a test set that is scored once, after training.
+
+A third generator, ``labelled_bits``, has no recipe and no fixed sets: each of its
+answers needs several places of the source at once, and chapter 8's last section
+uses it to compare one attention head with eight.
 """
 
 from __future__ import annotations
@@ -135,6 +139,43 @@ def copy_task_batch(
     data = torch.randint(1, vocab_size, (batch_size, length), generator=generator)
     data[:, 0] = 1
     return Batch.from_pairs(data.clone(), data, pad_id=0)
+
+
+def labelled_bits(
+    batch_size: int,
+    num_bits: int = 8,
+    length: int = 16,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Sources that hide ``num_bits`` labelled bits among blanks, and the one-token answer.
+
+    Each source row has ``length`` slots. Label ``j`` (the letters a, b, c, … in the
+    pages) sits in one random slot with a random bit ``b``, as the id ``2 + 2j + b``;
+    the other slots hold the blank, id 1 (id 0, padding, is never drawn): a source
+    vocabulary of ``2 + 2 * num_bits`` ids. The target is ``<bos>`` (id 1) and one token,
+    ``2 + value``, where ``value`` reads the bits as a binary number, label 0 the most
+    significant: a target vocabulary of ``2 + 2 ** num_bits`` ids. No answer can be given
+    without reading every labelled slot.
+
+    Returns ``src (batch_size, length)`` and ``tgt (batch_size, 2)``; decode one token
+    after ``<bos>`` (``exact_match(..., bos_id=1, eos_id=None)``).
+    """
+    check_positive(batch_size, "batch_size")
+    check_positive(num_bits, "num_bits")
+    if num_bits > min(length, 16):
+        raise ValueError(
+            f"num_bits must be at most length and at most 16, "
+            f"got num_bits={num_bits} and length={length}"
+        )
+    # A random order of the slots per row: label j goes to slot places[:, j].
+    places = torch.rand(batch_size, length, generator=generator).argsort(dim=1)
+    places = places[:, :num_bits]
+    bits = torch.randint(0, 2, (batch_size, num_bits), generator=generator)
+    src = torch.ones(batch_size, length, dtype=torch.long)  # all blank
+    src.scatter_(1, places, 2 + 2 * torch.arange(num_bits) + bits)
+    value = (bits * 2 ** torch.arange(num_bits - 1, -1, -1)).sum(dim=1)
+    tgt = torch.stack([torch.ones_like(value), 2 + value], dim=1)
+    return src, tgt
 
 
 def _distinct_rows(
