@@ -124,3 +124,16 @@ def test_a_recipe_says_the_rate_its_optimizer_uses():
             optimizer.step()
             schedule.step()
         assert r.rate(r.max_steps) == (0.0 if r.taper else tb.noam_rate(r.max_steps, r.d_model, r.warmup, r.lr_factor))
+
+
+def test_labelled_bits_hides_every_letter_once_and_answers_with_their_number():
+    src, tgt = tb.labelled_bits(500, 4, 6, torch.Generator().manual_seed(0))
+    assert src.shape == (500, 6) and tgt.shape == (500, 2) and (tgt[:, 0] == 1).all()
+    assert src.min() >= 1 and src.max() < 2 + 2 * 4  # blanks (1) and the 8 letter ids, no padding
+    for row, answer in zip(src.tolist(), tgt[:, 1].tolist()):
+        letters = {(i - 2) // 2: (i - 2) % 2 for i in row if i >= 2}
+        assert sorted(letters) == [0, 1, 2, 3] and sum(i >= 2 for i in row) == 4  # each letter once
+        assert answer - 2 == int("".join(str(letters[j]) for j in range(4)), 2)  # letter 0 first
+    assert len({tuple(r) for r in src.tolist()}) > 400  # places and bits are drawn, not fixed
+    with pytest.raises(ValueError, match="num_bits"):
+        tb.labelled_bits(2, num_bits=7, length=6)
