@@ -13,7 +13,9 @@ from transformer_book.book import exercises
 from transformer_book.book.exercises import check, engine
 
 
-def test_a_function_that_never_returns_is_stopped_within_the_budget():
+def test_a_function_that_never_returns_is_stopped_within_the_budget(monkeypatch):
+    monkeypatch.setattr(engine, "TIME_BUDGET_S", 0.5)  # the same guard, a shorter wait
+
     def attention_forever(query, key, value, mask=None):
         while True:
             pass
@@ -27,7 +29,9 @@ def test_a_function_that_never_returns_is_stopped_within_the_budget():
     assert "never ends" in result.message
 
 
-def test_a_greedy_loop_that_never_calls_the_generator_is_stopped():
+def test_a_greedy_loop_that_never_calls_the_generator_is_stopped(monkeypatch):
+    monkeypatch.setattr(engine, "TIME_BUDGET_S", 0.5)
+
     def decode_forever(model, src, max_len, bos_id, eos_id):
         ys = torch.full((len(src), 1), bos_id)
         while ys.shape[1] < 10**9:
