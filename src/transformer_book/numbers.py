@@ -451,11 +451,12 @@ class TrainedNumbers:
     validation: float  # exact match on the validation set, which chose the model
 
 
-def exact_on_validation(model: nn.Module, task: NumberTask) -> float:
-    """Exact match of greedy decoding on the task's validation numbers (the recipes'
-    ``validation_accuracy`` is the dates and copy tasks')."""
-    numbers = task.numbers("validation")
-    said = translate(model, task, numbers)
+def exact_on(
+    model: nn.Module, task: NumberTask, numbers: Sequence[int], beam_size: int = 1
+) -> float:
+    """The share of ``numbers`` that ``model`` translates exactly (:func:`translate`;
+    the recipes' ``validation_accuracy`` is the dates and copy tasks')."""
+    said = translate(model, task, numbers, beam_size)
     return sum(s == german_words(n) for s, n in zip(said, numbers)) / len(numbers)
 
 
@@ -486,7 +487,8 @@ def train_numbers(
         source, model = task, make_model(r.model_config(task)).to(device)
     optimizer, schedule = r.optimizer(model)
     rng = random.Random(seed + 1)
-    evaluate = None if steps else lambda m: exact_on_validation(m, task)
+    held = task.numbers("validation")
+    evaluate = None if steps else lambda m: exact_on(m, task, held)
     history = fit(
         model, lambda step: source.train_batch(r.batch_size, rng, uniform),
         steps or r.max_steps, optimizer, schedule, loss_fn=r.loss_fn(model.config),
