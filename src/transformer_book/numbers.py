@@ -397,26 +397,32 @@ def translate(
 
 @torch.no_grad()
 def cross_attention(
-    model: Transformer, task: NumberTask, number: int, layer: int = -1
+    model: Transformer, task: NumberTask, number: int, layer: int | None = None
 ) -> Tensor:
-    """Cross-attention of decoder layer ``layer``, averaged over its heads,
-    teacher-forced on ``number``: ``(pieces + 1, words + 1)``. Row ``i`` is
-    the step that writes the ``i``-th piece (the last writes ``<eos>``),
-    column ``j`` the ``j``-th English word (the last is ``<eos>``)."""
+    """Cross-attention averaged over the heads of every decoder layer (or of
+    decoder layer ``layer`` alone), teacher-forced on ``number``:
+    ``(pieces + 1, words + 1)``. Row ``i`` is the step that writes the
+    ``i``-th piece (the last writes ``<eos>``), column ``j`` the ``j``-th
+    English word (the last is ``<eos>``)."""
     src, tgt = task.encode([number])
     words, length = len(english_words(number)) + 1, len(task.pieces(number)) + 1
     device = next(model.parameters()).device
-    name = f"decoder.layers.{layer % len(model.decoder.layers)}.cross_attn"
+    layers = range(len(model.decoder.layers))
+    chosen = layers if layer is None else [layers[layer]]
     with record_attention(model) as maps:
         model(src[:, :words].to(device), tgt[:, :length].to(device))
-    return maps[name][0].mean(0).cpu()
+    weights = [maps[f"decoder.layers.{i}.cross_attn"][0] for i in chosen]
+    return torch.stack(weights).mean((0, 1)).cpu()  # over layers and heads
 
 
-def reversal_fails(model: Transformer, task: NumberTask, layer: int = -1) -> list[int]:
+def reversal_fails(
+    model: Transformer, task: NumberTask, layer: int | None = None
+) -> list[int]:
     """The two-digit numbers 21–99, round tens left out, on which the step
     that writes the first German piece (the unit) does *not* attend most to
     the English unit word, or the step that writes the tens piece does not
-    attend most to the English tens word. ``[]`` when the reversal holds."""
+    attend most to the English tens word (:func:`cross_attention`, every
+    layer by default). ``[]`` when the reversal holds."""
     fails = []
     for n in range(21, 100):
         if n % 10:
