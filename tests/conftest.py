@@ -11,8 +11,10 @@ background as soon as the tests are collected, so they overlap with the package 
 2. **The sections run** (`section_runs`): the package's wheel in a fresh venv (the Colab
    path), and every section of every chapter executed alone, after the chapter's setup
    cells, with other seeds (`TRANSFORMER_BOOK_SEED`) and ATen's AVX2 kernels
-   (`ATEN_CPU_CAPABILITY=avx2`, the float rounding of another CPU kind): one section at a
-   time while the build runs, then one per core.
+   (`ATEN_CPU_CAPABILITY=avx2`, the float rounding of another CPU kind): one per core,
+   from the moment the build has executed its chapters. The cores then never run more
+   than about one execution each (with the package tests): four at a time on two cores
+   cost a quarter more CPU time than the same work two at a time.
 
 Tests that need either are moved to the end of the run. Set BOOK_ROOT to build another
 copy of the book (default: the repository root).
@@ -51,8 +53,8 @@ _jobs: dict[str, Future] = {}
 _jobs_lock = threading.Lock()
 
 
-# Created when the book build is done: from then on the sections run uses every core.
-_BUILD_DONE = _scratch / "build-done"
+# Created when the book build has executed every chapter: the sections run starts then.
+_CHAPTERS_DONE = _scratch / "chapters-done"
 
 
 def _build() -> tuple[Path, float, str]:
@@ -62,9 +64,9 @@ def _build() -> tuple[Path, float, str]:
         # The chapters, two at a time, into the cache the build reads; one that fails there is
         # executed again by the build, which reports it.
         filled = fill_build_cache(BOOK_ROOT, out)
-        proc = build_book(BOOK_ROOT, out)
     finally:
-        _BUILD_DONE.touch()
+        _CHAPTERS_DONE.touch()
+    proc = build_book(BOOK_ROOT, out)
     seconds = time.perf_counter() - start
     log = filled.stdout + filled.stderr[-5000:] + "\n" + proc.stdout + "\n" + proc.stderr
     assert proc.returncode == 0, (
@@ -81,7 +83,9 @@ def _wheel_env() -> ColabEnv:
 
 def _sections() -> SectionRuns:
     env = _job("wheel_env", _wheel_env)
-    return run_sections(env.result(), _scratch / "sections", widen_when=_BUILD_DONE)
+    # Without the book build (tests that need the sections alone), start at once.
+    start_when = _CHAPTERS_DONE if "built_book" in _jobs else None
+    return run_sections(env.result(), _scratch / "sections", start_when=start_when)
 
 
 JOBS: dict[str, Callable] = {"built_book": _build, "wheel_env": _wheel_env, "section_runs": _sections}

@@ -2,7 +2,7 @@
 
 Usage (by tests/test_sections.py, with the Python of the wheel's virtual environment)::
 
-    python section_runner.py JOBS.json RESULTS_DIR [--workers N] [--timeout S] [--widen-when FILE --wide N]
+    python section_runner.py JOBS.json RESULTS_DIR [--workers N] [--timeout S] [--start-when FILE]
 
 JOBS.json is a list of ``{"id", "notebook", "folder", "seed", "cells"}``, in the order
 to start them: ``cells`` are the code cells to run in order (a chapter's setup cells,
@@ -10,8 +10,10 @@ then one section's). For each job this process forks a child that starts from an
 user namespace, sets ``TRANSFORMER_BOOK_SEED`` to the job's seed, runs the cells with
 IPython (magics and ``display`` work as in a notebook) from ``folder``, and writes
 ``RESULTS_DIR/<id>.json``.
-It runs ``--workers`` children at a time, and ``--wide`` once the file ``--widen-when``
-exists (the test suite creates it when the book build, which shares the cores, is done).
+It runs ``--workers`` children at a time, the first once the file ``--start-when`` exists
+(the test suite creates it when the book build has executed its chapters: two
+executions at a time on two cores, not four, which made each slower than it would be
+alone).
 
 Why fork rather than start a Jupyter kernel per section: a kernel costs about four seconds
 to start and import torch, pandas and Altair, and the book has over fifty sections. The
@@ -98,15 +100,15 @@ def main() -> int:
     parser.add_argument("results", type=Path)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--widen-when", type=Path, help="once this file exists, run --wide children at a time")
-    parser.add_argument("--wide", type=int, default=1)
+    parser.add_argument("--start-when", type=Path, help="start no section before this file exists")
     args = parser.parse_args()
     jobs = json.loads(args.jobs.read_text())
     args.results.mkdir(parents=True, exist_ok=True)
     pending, running = list(jobs), {}
+    while args.start_when and not args.start_when.exists():
+        time.sleep(0.2)
     while pending or running:
-        workers = args.wide if args.widen_when and args.widen_when.exists() else args.workers
-        while pending and len(running) < workers:
+        while pending and len(running) < args.workers:
             job = pending.pop(0)
             sys.stdout.flush()
             pid = os.fork()

@@ -91,12 +91,13 @@ def run_sections(
     work: Path,
     workers: int | None = None,
     notebooks: list[str] | None = None,
-    widen_when: Path | None = None,
+    start_when: Path | None = None,
 ) -> SectionRuns:
     """Run every section alone (see the module docstring); returns every section's report.
 
     ``env`` is the wheel's venv; ``None`` runs with this Python (the checkout's package).
-    Once the file ``widen_when`` exists, as many sections run at a time as there are cores.
+    ``workers`` sections run at a time (default: one per core), none before the file
+    ``start_when`` exists, if one is given.
     """
     setups, sections = book_sections(notebooks=notebooks)
     work.mkdir(parents=True, exist_ok=True)
@@ -112,14 +113,13 @@ def run_sections(
     start_order = {notebook: rank for rank, notebook in enumerate(heaviest_first(list(setups)))}
     jobs.sort(key=lambda job: start_order[job["notebook"]])
     (work / "jobs.json").write_text(json.dumps(jobs))
-    # Half the cores while the book build runs beside this (each section uses one thread).
-    workers = workers or max(1, (os.cpu_count() or 2) // 2)
+    workers = workers or os.cpu_count() or 2  # each section uses one thread
     environment = {**(env.env if env else os.environ), "ATEN_CPU_CAPABILITY": CPU_KERNELS, "MPLBACKEND": "Agg"}
     start = time.perf_counter()
-    widen = ["--widen-when", str(widen_when), "--wide", str(os.cpu_count() or 2)] if widen_when else []
+    wait = ["--start-when", str(start_when)] if start_when else []
     proc = subprocess.run(
         [str(env.python if env else sys.executable), str(RUNNER), str(work / "jobs.json"), str(work / "results"),
-         "--workers", str(workers), "--timeout", str(SECTION_TIMEOUT_S), *widen],
+         "--workers", str(workers), "--timeout", str(SECTION_TIMEOUT_S), *wait],
         capture_output=True, text=True, env=environment, cwd=work,
     )  # fmt: skip
     seconds = time.perf_counter() - start
