@@ -108,6 +108,9 @@ def _needs(item: pytest.Item) -> set[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and "not book" not in (config.option.markexpr or ""):
+        # Under pytest-xdist each worker would build the book and run every section again.
+        raise pytest.UsageError("the book's tests run in one process: drop -n, or add -m 'not book'")
     config.addinivalue_line(
         "markers", "book: needs the book build or the sections run (`pytest -m 'not book'`: the package alone)"
     )
