@@ -113,6 +113,15 @@ def test_decoder_only_is_causal_reads_the_source_and_decodes_like_the_loops(task
     greedy = tb.greedy_decode(model, src, 8, task.bos_id, task.eos_id, use_cache=False)
     beam = tb.beam_search(model, src, 8, task.bos_id, task.eos_id, 1, use_cache=False)
     assert torch.equal(greedy, beam)
+    # Its KV cache: the same tokens, and step by step the same hidden states.
+    assert torch.equal(tb.greedy_decode(model, src, 8, task.bos_id, task.eos_id), greedy)
+    four = [tb.beam_search(model, src, 8, task.bos_id, task.eos_id, 4, use_cache=u) for u in (True, False)]
+    assert torch.equal(*four)
+    cache = model.decoder.new_cache(src, greedy.shape[1])
+    with torch.no_grad():
+        steps = [model.decode(src, greedy[:, t : t + 1], cache=cache) for t in range(greedy.shape[1])]
+        torch.testing.assert_close(torch.cat(steps, dim=1), model.decode(src, greedy), atol=1e-5, rtol=1e-5)
+    assert int(cache.position) == src.shape[1] + greedy.shape[1]
     with torch.no_grad():  # greedy's tokens are the model's argmax, step by step
         steps = model(src, greedy[:, :-1]).argmax(-1)
     assert torch.equal(steps, greedy[:, 1:])
