@@ -306,12 +306,13 @@ class NumberTask:
 
 @dataclass(eq=False)
 class DecoderOnlyCache:
-    """:class:`DecoderOnly`'s KV cache: one self-attention :class:`KVCache` per
-    layer, of ``capacity`` = source length + target positions; ``position``,
-    a 0-d integer tensor, counts the positions written; ``visible (batch, 1,
-    capacity)`` is False on the source's padding. The source is written with
-    the first step (``filled`` says whether it has been: a fact of the host,
-    so no step asks the device)."""
+    """:class:`DecoderOnly`'s KV cache: one self-attention
+    :class:`~transformer_book.attention.KVCache` per layer, of ``capacity`` =
+    source length + target positions; ``position``, a 0-d integer tensor,
+    counts the positions written; ``visible (batch, 1, capacity)`` is False on
+    the source's padding. The source is written with the first step
+    (``filled`` says whether it has been: a fact of the host, so no step asks
+    the device)."""
 
     layers: list[KVCache]
     position: Tensor
@@ -333,7 +334,7 @@ class DecoderOnlyCache:
 
 
 class DecoderOnlyLayers(nn.Module):
-    """:class:`DecoderOnly`'s stack: ``EncoderLayer`` s under a causal mask
+    """:class:`DecoderOnly`'s stack of encoder layers under a causal mask
     (self-attention and a feed-forward network each), and its KV cache."""
 
     def __init__(self, c: ModelConfig) -> None:
