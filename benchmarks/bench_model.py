@@ -10,7 +10,12 @@ Four contenders compute the same function with the same weights, in one run:
 - ``theirs``: PyTorch's ``nn.Transformer``, its encoder and decoder layers holding a copy of
   our weights, between embeddings, positional encoding and an output layer that are copies of
   ours (the baseline every ratio divides by);
-- ``theirs_compiled``: the same ``nn.Transformer`` under ``torch.compile``.
+- ``theirs_compiled``: the same ``nn.Transformer`` under ``torch.compile``;
+- ``plain_compiled_chunked`` (with ``--loss-chunk``, on by default on a GPU): the training
+  step of ``plain_compiled`` with the loss computed in chunks of positions,
+  ``tb.chunked_loss``, so that the whole batch's logits never exist at once; the encoder,
+  decoder and chunked loss are compiled as one function (its eval forward is
+  ``plain_compiled``'s, so it has no eval row).
 
 A training step is the book's: forward, the label-smoothed loss (``tb.LabelSmoothingLoss``,
 smoothing 0.1), backward, and the book's Adam (``tb.noam_optimizer``: PyTorch's fused Adam),
@@ -76,7 +81,9 @@ CONTENDERS = {
     "plain_compiled": "the same model compiled whole: tb.compile_model(model) = torch.compile(model, fullgraph=True)",
     "theirs": "torch.nn.Transformer holding the same weights, eager (the baseline of every ratio)",
     "theirs_compiled": "the same nn.Transformer under torch.compile",
+    "plain_compiled_chunked": "plain_compiled's training step with the loss in chunks of positions (tb.chunked_loss)",
 }
+CHUNKED = "plain_compiled_chunked"
 BASELINE = "theirs"
 
 #: Peak dense bf16 tensor-core FLOP/s, from NVIDIA's datasheets (which print twice these
@@ -232,12 +239,15 @@ def run(
     peak_tflops: float | None = None,
     profile_ops: bool = True,
     matmul_size: int | None = None,
+    loss_chunk: int | None = None,
 ) -> dict:
     """Time the contenders (only the two eager ones with ``compiled=False``, which compiles
     nothing: the appendix runs that at a small size); returns the results file's body."""
     tb.seed_everything(0)
     plain = tb.make_model(config).to(device)
     models = contenders(plain, compiled)
+    if compiled and loss_chunk:  # a copy of the weights, trained by the compiled function below
+        models[CHUNKED] = copy.deepcopy(plain).eval()  # eval until its first step (same_outputs)
     loss = tb.LabelSmoothingLoss(config.tgt_vocab_size, 0.1, config.pad_id)
     losses = {name: torch.compile(loss, fullgraph=True) if name.endswith("_compiled") else loss for name in models}
     # The book's optimiser for all (noam_optimizer: PyTorch's fused Adam where it runs).
@@ -253,13 +263,24 @@ def run(
         with tb.trusted_ids(), torch.autocast(device.type, torch.bfloat16, enabled=bf16):
             return model(src, tgt_in, src_mask, tgt_mask)
 
+    def chunked_loss_of(model: tb.Transformer) -> torch.Tensor:
+        memory = model.encode(src, src_mask)
+        hidden = model.decode(memory, tgt_in, src_mask=src_mask, tgt_mask=tgt_mask)
+        return tb.chunked_loss(hidden, model.generator, tgt_out, loss, loss_chunk)
+
+    chunked_step = torch.compile(chunked_loss_of, fullgraph=True)
+
     def train_step(name: str) -> Callable[[], None]:
         model, loss_fn, optimiser = models[name], losses[name], optimisers[name]
 
         def step() -> None:
             model.train()
             optimiser.zero_grad(set_to_none=True)
-            loss_fn(forward(model), tgt_out).backward()
+            if name == CHUNKED:
+                with tb.trusted_ids(), torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+                    chunked_step(model).backward()
+            else:
+                loss_fn(forward(model), tgt_out).backward()
             optimiser.step()
 
         return step
@@ -277,7 +298,8 @@ def run(
     kinds = {"train step (fwd+loss+bwd+Adam)": train_step, "eval forward": eval_forward}
     # First calls (a compiled contender's compilation), eval first: the same outputs are checked
     # before any training step makes the weights part.
-    first = {("eval forward", name): first_call(eval_forward(name), device) for name in models}
+    evaluated = [name for name in models if name != CHUNKED]  # its eval forward is plain_compiled's
+    first = {("eval forward", name): first_call(eval_forward(name), device) for name in evaluated}
     with torch.inference_mode():
         same_outputs(models, forward, bf16)
     first |= {(next(iter(kinds)), name): first_call(train_step(name), device) for name in models}
@@ -288,7 +310,8 @@ def run(
     rows = []
     for what, make in kinds.items():
         work = flops(make("plain"))  # the same computation for every contender
-        times = paired_ratios({name: make(name) for name in models}, BASELINE, device, repeats)
+        names = models if make is train_step else evaluated
+        times = paired_ratios({name: make(name) for name in names}, BASELINE, device, repeats)
         for name, t in times.items():
             achieved = work / t["seconds"]
             rows.append({
@@ -319,6 +342,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, help="rounds of A B C D D C B A (CPU 10, CUDA 20)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak dense bf16 TFLOP/s, if not in the table")
+    parser.add_argument("--loss-chunk", type=int, help="positions per chunk of the chunked loss (CUDA 4096; 0: none)")
     args = parser.parse_args()
     default_run = vars(args) == vars(parser.parse_args([]))
     cold_compile_cache()  # first_call_s: compiling, not reading an earlier run's kernels
@@ -330,7 +354,9 @@ def main() -> None:
     bf16 = gpu if args.bf16 is None else args.bf16
     config = tb.ModelConfig.small(vocab) if args.small else tb.ModelConfig.base(vocab)
 
-    result = run(device, config, batch, length, repeats, bf16=bf16, peak_tflops=args.peak_tflops)
+    loss_chunk = (4096 if gpu else 0) if args.loss_chunk is None else args.loss_chunk
+    result = run(device, config, batch, length, repeats, bf16=bf16, peak_tflops=args.peak_tflops,
+                 loss_chunk=loss_chunk or None)  # fmt: skip
     size = "small" if args.small else "base"
     title = (f"transformer_book vs nn.Transformer, eager and compiled: {device.type}, {size} sizes, "
              f"vocabulary {vocab}, batch {batch} x {length} tokens, {'bf16 autocast' if bf16 else 'float32'}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import random
 
 import pytest
@@ -137,3 +138,36 @@ def test_labelled_bits_hides_every_letter_once_and_answers_with_their_number():
     assert len({tuple(r) for r in src.tolist()}) > 400  # places and bits are drawn, not fixed
     with pytest.raises(ValueError, match="num_bits"):
         tb.labelled_bits(2, num_bits=7, length=6)
+
+
+def test_chunked_loss_gives_the_whole_loss_and_its_gradients():
+    """The loss in chunks of positions (each chunk's logits made again in backward) is the
+    loss of the whole batch's logits, with the same gradients, padding and a last short
+    chunk included; it also compiles into one graph."""
+    tb.seed_everything(3)
+    model = tb.make_model(tb.ModelConfig.small(17, dropout=0.0))
+    generator = torch.Generator().manual_seed(4)
+    src = torch.randint(3, 17, (3, 6), generator=generator)
+    tgt = torch.randint(3, 17, (3, 8), generator=generator)
+    src[0, 4:], tgt[1, 5:] = 0, 0
+    batch = tb.Batch.from_pairs(src, tgt)
+    loss_fn = tb.LabelSmoothingLoss(17, 0.1)
+
+    def loss_and_grads(loss_of_hidden):
+        model.zero_grad(set_to_none=True)
+        memory = model.encode(batch.src, batch.src_mask)
+        hidden = model.decode(memory, batch.tgt_in, src_mask=batch.src_mask, tgt_mask=batch.tgt_mask)
+        loss = loss_of_hidden(hidden)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    whole, whole_grads = loss_and_grads(lambda h: loss_fn(model.generator(h), batch.tgt_out))
+    compiled = torch.compile(tb.chunked_loss, fullgraph=True, backend="aot_eager")
+    for chunk, function in ((1, tb.chunked_loss), (5, tb.chunked_loss), (100, tb.chunked_loss), (5, compiled)):
+        in_parts = functools.partial(function, generator=model.generator, target=batch.tgt_out, loss_fn=loss_fn)
+        loss, grads = loss_and_grads(functools.partial(in_parts, chunk=chunk))
+        torch.testing.assert_close(loss, whole, atol=1e-5, rtol=1e-5)
+        for ours, theirs in zip(grads, whole_grads, strict=True):
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="chunk"):
+        tb.chunked_loss(torch.zeros(2, 3, 64), model.generator, batch.tgt_out[:2, :3], loss_fn, 0)

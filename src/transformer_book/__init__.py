@@ -92,6 +92,7 @@ from .runtime import (
 from .training import (
     History,
     LabelSmoothingLoss,
+    chunked_loss,
     exact_match,
     fit,
     noam_optimizer,
@@ -113,6 +114,7 @@ __all__ = [
     "recipe",
     "train_recipe",
     "train_step",
+    "chunked_loss",
     "trained_model",
     "test_accuracy",
     "validation_accuracy",
