@@ -69,7 +69,7 @@ from common import (
     write_results,
 )
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import DeviceType, ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_book as tb
@@ -192,17 +192,20 @@ def op_group(name: str) -> str:
 
 def top_ops(fn: Callable[[], object], device: torch.device, steps: int = 3, count: int = 12) -> dict:
     """Where ``fn`` spends its time, by torch.profiler: the ``count`` operators with the most self
-    time (on a GPU, device time), per call, and the shares of the groups of ``OP_GROUPS``. A
-    compiled graph's fused kernels are one entry per graph (``## Call CompiledFxGraph ...``) on a
-    CPU, one per kernel (``triton_...``) on a GPU."""
+    time (on a GPU, the kernels' device time), per call, and the shares of the groups of
+    ``OP_GROUPS``. A compiled graph's fused kernels are one entry per graph (``## Call
+    CompiledFxGraph ...``) on a CPU, one per kernel (``triton_...``) on a GPU."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     fn()
     with profile(activities=activities) as prof:
         for _ in range(steps):
             fn()
         synchronize(device)
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    gpu = device.type == "cuda"
+    key = "self_device_time_total" if gpu else "self_cpu_time_total"
+    # On a GPU each kernel's time is listed twice: under the kernel, and under the operator
+    # that launched it (aten::mm, a compiled graph's call). The kernels alone count it once.
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0 and (not gpu or e.device_type == DeviceType.CUDA)]
     total = sum(getattr(e, key) for e in events) or 1.0
     ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)
     groups: dict[str, float] = {}
