@@ -12,7 +12,8 @@ This module makes the task:
 - a learned subword vocabulary for German, byte-pair encoding from Hugging Face
   ``tokenizers`` (:func:`train_bpe`);
 - :class:`NumberTask`, batches for :func:`~transformer_book.training.fit`;
-- :class:`DecoderOnly`, the same task as one sequence under a causal mask;
+- :class:`JointTask`, the same task as one sequence, for :class:`~transformer_book.decoder_only.DecoderOnly`
+  (``decoder_only.py``), which it re-exports;
 - the recipe both models train with and the shipped checkpoints.
 """
 
@@ -34,15 +35,11 @@ from num2words import num2words
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from torch import Tensor, nn
 
-from .attention import KVCache, record_attention
+from .attention import record_attention
 from .data import BOS, EOS, PAD, Batch, Vocabulary
-from .embedding import TokenEmbedding
-from .encoder import EncoderLayer
+from .decoder_only import DecoderOnly
 from .inference import beam_search, greedy_decode
-from .layers import sublayer_connection
-from .masking import target_mask
 from .model import ModelConfig, Transformer, init_weights, make_model
-from .positional import PositionalEncoding
 from .recipes import Recipe
 from .runtime import seed_everything
 from .training import fit, strip_sequences
@@ -301,133 +298,7 @@ class NumberTask:
         return [self.decode(r) for r in strip_sequences(rows, self.eos_id, self.pad_id)]
 
 
-# --- a decoder-only model -----------------------------------------------------
-
-
-@dataclass(eq=False)
-class DecoderOnlyCache:
-    """:class:`DecoderOnly`'s KV cache: one self-attention
-    :class:`~transformer_book.attention.KVCache` per layer, of ``capacity`` =
-    source length + target positions; ``position``, a 0-d integer tensor,
-    counts the positions written; ``visible (batch, 1, capacity)`` is False on
-    the source's padding. The source is written with the first step
-    (``filled`` says whether it has been: a fact of the host, so no step asks
-    the device)."""
-
-    layers: list[KVCache]
-    position: Tensor
-    visible: Tensor
-    filled: bool = False
-
-    def slot_mask(self, new: int) -> Tensor:
-        """``(batch, new, capacity)``: each of the ``new`` positions from
-        ``position`` on sees the slots up to its own, the padding excepted."""
-        slots = torch.arange(self.visible.shape[-1], device=self.position.device)
-        queries = self.position + torch.arange(new, device=self.position.device)
-        return (slots <= queries[:, None])[None] & self.visible
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (beam search)."""
-        for kv in self.layers:
-            kv.reorder(index)
-        self.visible = self.visible.index_select(0, index)
-
-
-class DecoderOnlyLayers(nn.Module):
-    """:class:`DecoderOnly`'s stack of encoder layers under a causal mask
-    (self-attention and a feed-forward network each), and its KV cache."""
-
-    def __init__(self, c: ModelConfig) -> None:
-        super().__init__()
-        self.pad_id = c.pad_id
-        self.layers = nn.ModuleList(
-            EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first)
-            for _ in range(c.num_layers)
-        )
-
-    def new_cache(self, memory: Tensor, capacity: int) -> DecoderOnlyCache:
-        """A cache for the source ``memory (batch, S)`` (token ids) and up to
-        ``capacity`` target positions (the decoding loops' call)."""
-        attention = self.layers[0].self_attn
-        batch, length = memory.shape
-        like = attention.q_proj.weight  # the buffers' device and dtype
-        layers = [
-            KVCache.allocate(
-                batch, attention.num_heads, length + capacity, attention.d_head, like
-            )
-            for _ in self.layers
-        ]
-        target = torch.ones(batch, capacity, dtype=torch.bool, device=memory.device)
-        visible = torch.cat([memory != self.pad_id, target], dim=1)[:, None]
-        position = torch.zeros((), dtype=torch.long, device=memory.device)
-        return DecoderOnlyCache(layers, position, visible)
-
-    def forward(
-        self, x: Tensor, mask: Tensor, cache: DecoderOnlyCache | None = None
-    ) -> Tensor:
-        """``x (batch, new, d_model)`` → the same shape. With ``cache``, the
-        keys and values of ``x`` are written from ``cache.position`` on, and
-        each layer's self-attention reads every slot written."""
-        for index, layer in enumerate(self.layers):
-            if cache is None:
-                x = layer(x, mask)
-                continue
-            kv, at = cache.layers[index], cache.position  # EncoderLayer, cached
-            attend = lambda h: layer.self_attn(h, h, h, mask, cache=kv, position=at)[0]  # noqa: B023,E731
-            x = sublayer_connection(
-                x, attend, layer.norm1, layer.drop1, layer.norm_first
-            )
-            x = sublayer_connection(
-                x, layer.feed_forward, layer.norm2, layer.drop2, layer.norm_first
-            )
-        return x
-
-
-class DecoderOnly(nn.Module):
-    """One stack of self-attention layers under a causal mask, with no encoder
-    and no cross-attention. It reads ``src (batch, S)`` and ``tgt (batch, T)``
-    as one sequence and returns the logits of ``tgt``'s positions, ``(batch,
-    T, tgt_vocab_size)``: the encoder–decoder's call, so ``fit``,
-    ``greedy_decode`` and ``beam_search`` run it as they are, with or without
-    a KV cache. Built from the package's parts: an ``EncoderLayer`` is
-    self-attention and a feed-forward network, and the causal mask lets each
-    position see only those before it."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        c = self.config = config
-        # It reads both languages (src_vocab_size) and writes German only.
-        self.embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)
-        self.positional = PositionalEncoding(c.d_model, c.max_len, c.dropout)
-        self.decoder = DecoderOnlyLayers(c)
-        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
-
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """No encoder: the "memory" the decoding loops hand back is ``src``."""
-        return src
-
-    def decode(
-        self, memory: Tensor, tgt: Tensor, *, cache: DecoderOnlyCache | None = None,
-        **masks: Tensor | None,
-    ) -> Tensor:  # fmt: skip
-        """Hidden states of ``tgt``'s positions ``(batch, T, d_model)``. The
-        decoding loops' masks are not needed: the mask is made here, from the
-        tokens (causal, padding hidden). With ``cache``, ``tgt`` holds the new
-        positions only; the first call writes the source too."""
-        start = 0 if cache is not None and cache.filled else memory.shape[1]
-        tokens = tgt if start == 0 else torch.cat([memory, tgt], dim=1)
-        if cache is None:
-            x = self.positional(self.embed(tokens))
-            return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
-        x = self.positional(self.embed(tokens), offset=cache.position)
-        hidden = self.decoder(x, cache.slot_mask(tokens.shape[1]), cache)
-        cache.position += tokens.shape[1]  # on the device: the host never reads it
-        cache.filled = True
-        return hidden[:, start:]
-
-    def forward(self, src: Tensor, tgt: Tensor, *masks: Tensor | None) -> Tensor:
-        """Logits ``(batch, T, tgt_vocab_size)``; ``fit``'s masks are not needed."""
-        return self.generator(self.decode(self.encode(src), tgt))
+# --- the task as one sequence, for a decoder-only model --------------------------
 
 
 class JointTask:
