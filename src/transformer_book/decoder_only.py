@@ -133,8 +133,9 @@ class DecoderOnly(nn.Module):
         decoding loops' masks are not needed: the mask is made here, from the
         tokens (causal, padding hidden). With ``cache``, ``tgt`` holds the new
         positions only; the first call writes the source too."""
-        start = 0 if cache is not None and cache.filled else memory.shape[1]
-        tokens = tgt if start == 0 else torch.cat([memory, tgt], dim=1)
+        first = cache is None or not cache.filled  # the source goes in too
+        tokens = torch.cat([memory, tgt], dim=1) if first else tgt
+        start = memory.shape[1] if first else 0  # where tgt's positions begin
         if cache is None:
             x = self.positional(self.embed(tokens))
             return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
