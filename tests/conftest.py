@@ -12,9 +12,9 @@ background as soon as the tests are collected, so they overlap with the package 
    path), and every section of every chapter executed alone, after the chapter's setup
    cells, with other seeds (`TRANSFORMER_BOOK_SEED`) and ATen's AVX2 kernels
    (`ATEN_CPU_CAPABILITY=avx2`, the float rounding of another CPU kind): one per core,
-   from the moment the build has executed its chapters. The cores then never run more
-   than about one execution each (with the package tests): four at a time on two cores
-   cost a quarter more CPU time than the same work two at a time.
+   from the moment the build has executed its chapters (fewer executions at a time than
+   starting beside the build, for the same total time: the suite keeps both cores busy
+   either way).
 
 Tests that need either are moved to the end of the run. Set BOOK_ROOT to build another
 copy of the book (default: the repository root).
@@ -176,7 +176,7 @@ def wheel_env() -> ColabEnv:
 @pytest.fixture(scope="session")
 def section_runs() -> SectionRuns:
     runs = _job("section_runs").result()
-    NOTEBOOK_TIMES["sections alone (other seeds, AVX2), wall time"] = runs.seconds
+    NOTEBOOK_TIMES["sections alone (other seeds, AVX2), wall time, its wait for the book's executions included"] = runs.seconds
     slowest = sorted(runs.results.items(), key=lambda item: -item[1]["seconds"])[:8]
     for section_id, result in slowest:  # where the suite's time goes
         NOTEBOOK_TIMES[f"  section {section_id}"] = result["seconds"]

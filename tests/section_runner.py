@@ -11,9 +11,8 @@ user namespace, sets ``TRANSFORMER_BOOK_SEED`` to the job's seed, runs the cells
 IPython (magics and ``display`` work as in a notebook) from ``folder``, and writes
 ``RESULTS_DIR/<id>.json``.
 It runs ``--workers`` children at a time, the first once the file ``--start-when`` exists
-(the test suite creates it when the book build has executed its chapters: two
-executions at a time on two cores, not four, which made each slower than it would be
-alone).
+(the test suite creates it when the book build has executed its chapters, so that
+the two do not share the cores).
 
 Why fork rather than start a Jupyter kernel per section: a kernel costs about four seconds
 to start and import torch, pandas and Altair, and the book has over fifty sections. The
