@@ -176,7 +176,7 @@ def wheel_env() -> ColabEnv:
 @pytest.fixture(scope="session")
 def section_runs() -> SectionRuns:
     runs = _job("section_runs").result()
-    NOTEBOOK_TIMES["sections alone (other seeds, AVX2), wall time, its wait for the book's executions included"] = runs.seconds
+    NOTEBOOK_TIMES["sections alone (other seeds, AVX2), wall time with its wait"] = runs.seconds
     slowest = sorted(runs.results.items(), key=lambda item: -item[1]["seconds"])[:8]
     for section_id, result in slowest:  # where the suite's time goes
         NOTEBOOK_TIMES[f"  section {section_id}"] = result["seconds"]
