@@ -1,7 +1,7 @@
 """One training step and one eval forward: the package's model against PyTorch's nn.Transformer,
 each eager and compiled.
 
-Four contenders compute the same function with the same weights, in one run:
+Four contenders (five with ``--loss-chunk``) compute the same function with the same weights, in one run:
 
 - ``plain``: the model the chapters teach, plain PyTorch (``nn.Linear``, ``nn.Dropout``,
   ``F.scaled_dot_product_attention``), run eagerly;
