@@ -122,6 +122,10 @@ def test_decoder_only_is_causal_reads_the_source_and_decodes_like_the_loops(task
         steps = [model.decode(src, greedy[:, t : t + 1], cache=cache) for t in range(greedy.shape[1])]
         torch.testing.assert_close(torch.cat(steps, dim=1), model.decode(src, greedy), atol=1e-5, rtol=1e-5)
     assert int(cache.position) == src.shape[1] + greedy.shape[1]
+    with pytest.raises(ValueError, match="holds ids"):  # not an IndexError in the embedding
+        model(src, torch.full_like(tgt, joint.src_vocab_size))
+    with pytest.raises(ValueError, match="beyond max_len"):
+        model.decoder.new_cache(src, config.max_len)
     with torch.no_grad():  # greedy's tokens are the model's argmax, step by step
         steps = model(src, greedy[:, :-1]).argmax(-1)
     assert torch.equal(steps, greedy[:, 1:])

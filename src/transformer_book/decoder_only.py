@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
+from .checks import check_positive, check_tokens
 from .embedding import TokenEmbedding
 from .encoder import EncoderLayer
 from .layers import sublayer_connection
@@ -58,7 +59,7 @@ class DecoderOnlyLayers(nn.Module):
 
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
-        self.pad_id = c.pad_id
+        self.pad_id, self.max_len = c.pad_id, c.max_len
         self.layers = nn.ModuleList(
             EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.norm_first)
             for _ in range(c.num_layers)
@@ -67,8 +68,15 @@ class DecoderOnlyLayers(nn.Module):
     def new_cache(self, memory: Tensor, capacity: int) -> DecoderOnlyCache:
         """A cache for the source ``memory (batch, S)`` (token ids) and up to
         ``capacity`` target positions (the decoding loops' call)."""
-        attention = self.layers[0].self_attn
+        check_tokens(memory, "memory")
+        check_positive(capacity, "capacity")
         batch, length = memory.shape
+        if length + capacity > self.max_len:  # the positional table's length
+            raise ValueError(
+                f"memory {tuple(memory.shape)} and capacity={capacity}: "
+                f"{length + capacity} positions, beyond max_len={self.max_len}"
+            )
+        attention = self.layers[0].self_attn
         like = attention.q_proj.weight  # the buffers' device and dtype
         layers = [
             KVCache.allocate(
@@ -136,6 +144,7 @@ class DecoderOnly(nn.Module):
         first = cache is None or not cache.filled  # the source goes in too
         tokens = torch.cat([memory, tgt], dim=1) if first else tgt
         start = memory.shape[1] if first else 0  # where tgt's positions begin
+        check_tokens(tokens, "src and tgt", self.config.src_vocab_size)
         if cache is None:
             x = self.positional(self.embed(tokens))
             return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
