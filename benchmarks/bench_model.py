@@ -15,7 +15,10 @@ Four contenders (five with ``--loss-chunk``) compute the same function with the 
   step of ``plain_compiled`` with the loss computed in chunks of positions,
   ``tb.chunked_loss``, so that the whole batch's logits never exist at once; the encoder,
   decoder and chunked loss are compiled as one function (its eval forward is
-  ``plain_compiled``'s, so it has no eval row).
+  ``plain_compiled``'s, so it has no eval row);
+- ``plain_compiled_chunked_graphs`` (with ``--loss-chunk`` on a GPU): the same step compiled
+  with ``mode="reduce-overhead"``, which replays the step's kernels as CUDA graphs, so the
+  host no longer launches them one by one.
 
 A training step is the book's: forward, the label-smoothed loss (``tb.LabelSmoothingLoss``,
 smoothing 0.1), backward, and the book's Adam (``tb.noam_optimizer``: PyTorch's fused Adam),
@@ -82,8 +85,10 @@ CONTENDERS = {
     "theirs": "torch.nn.Transformer holding the same weights, eager (the baseline of every ratio)",
     "theirs_compiled": "the same nn.Transformer under torch.compile",
     "plain_compiled_chunked": "plain_compiled's training step with the loss in chunks of positions (tb.chunked_loss)",
+    "plain_compiled_chunked_graphs": "plain_compiled_chunked compiled with mode='reduce-overhead' (CUDA graphs)",
 }
 CHUNKED = "plain_compiled_chunked"
+GRAPHS = "plain_compiled_chunked_graphs"
 BASELINE = "theirs"
 
 #: Peak dense bf16 tensor-core FLOP/s, from NVIDIA's datasheets (which print twice these
@@ -243,14 +248,22 @@ def run(
     profile_ops: bool = True,
     matmul_size: int | None = None,
     loss_chunk: int | None = None,
+    only: list[str] | None = None,
+    evaluate: bool = True,
 ) -> dict:
     """Time the contenders (only the two eager ones with ``compiled=False``, which compiles
-    nothing: the appendix runs that at a small size); returns the results file's body."""
+    nothing: the appendix runs that at a small size); returns the results file's body.
+    ``only`` keeps those contenders (with ``plain`` and ``theirs``); ``evaluate=False`` times the
+    training step alone."""
     tb.seed_everything(0)
     plain = tb.make_model(config).to(device)
     models = contenders(plain, compiled)
-    if compiled and loss_chunk:  # a copy of the weights, trained by the compiled function below
-        models[CHUNKED] = copy.deepcopy(plain).eval()  # eval until its first step (same_outputs)
+    chunked = [CHUNKED, GRAPHS] if device.type == "cuda" else [CHUNKED]  # CUDA graphs: a GPU's
+    for name in chunked if compiled and loss_chunk else []:  # copies, trained by the functions below
+        models[name] = copy.deepcopy(plain).eval()  # eval until its first step (same_outputs)
+    if only:
+        # The baseline divides every ratio, and the eager plain model's step counts the work.
+        models = {name: model for name, model in models.items() if name in {*only, BASELINE, "plain"}}
     loss = tb.LabelSmoothingLoss(config.tgt_vocab_size, 0.1, config.pad_id)
     losses = {name: torch.compile(loss, fullgraph=True) if name.endswith("_compiled") else loss for name in models}
     # The book's optimiser for all (noam_optimizer: PyTorch's fused Adam where it runs).
@@ -271,7 +284,10 @@ def run(
         hidden = model.decode(memory, tgt_in, src_mask=src_mask, tgt_mask=tgt_mask)
         return tb.chunked_loss(hidden, model.generator, tgt_out, loss, loss_chunk)
 
-    chunked_step = torch.compile(chunked_loss_of, fullgraph=True)
+    chunked_steps = {
+        CHUNKED: torch.compile(chunked_loss_of, fullgraph=True),
+        GRAPHS: torch.compile(chunked_loss_of, fullgraph=True, mode="reduce-overhead"),
+    }
 
     def train_step(name: str) -> Callable[[], None]:
         model, loss_fn, optimiser = models[name], losses[name], optimisers[name]
@@ -279,9 +295,11 @@ def run(
         def step() -> None:
             model.train()
             optimiser.zero_grad(set_to_none=True)
-            if name == CHUNKED:
+            if name in chunked_steps:
+                if name == GRAPHS:  # a new step: the graphs may reuse the last one's memory
+                    torch.compiler.cudagraph_mark_step_begin()
                 with tb.trusted_ids(), torch.autocast(device.type, torch.bfloat16, enabled=bf16):
-                    chunked_step(model).backward()
+                    chunked_steps[name](model).backward()
             else:
                 loss_fn(forward(model), tgt_out).backward()
             optimiser.step()
@@ -299,13 +317,26 @@ def run(
         return call
 
     kinds = {"train step (fwd+loss+bwd+Adam)": train_step, "eval forward": eval_forward}
+    if not evaluate:
+        del kinds["eval forward"]
     # First calls (a compiled contender's compilation), eval first: the same outputs are checked
     # before any training step makes the weights part.
-    evaluated = [name for name in models if name != CHUNKED]  # its eval forward is plain_compiled's
-    first = {("eval forward", name): first_call(eval_forward(name), device) for name in evaluated}
+    evaluated = [name for name in models if name not in chunked_steps]  # their eval: plain_compiled's
+    first = {("eval forward", name): first_call(eval_forward(name), device) for name in evaluated if evaluate}
+    checked = models if evaluate else {n: m for n, m in models.items() if not n.endswith("_compiled")}
+    for model in checked.values():
+        model.eval()
     with torch.inference_mode():
-        same_outputs(models, forward, bf16)
-    first |= {(next(iter(kinds)), name): first_call(train_step(name), device) for name in models}
+        same_outputs(checked, forward, bf16)
+    for name in list(models):
+        try:
+            first[next(iter(kinds)), name] = first_call(train_step(name), device)
+            print(f"first training step of {name}: {first[next(iter(kinds)), name]:.1f} s", flush=True)
+        except Exception as error:  # noqa: BLE001 (an optional contender must not end the run)
+            if name != GRAPHS:
+                raise
+            print(f"{GRAPHS} left out: {type(error).__name__}: {str(error)[:300]}")
+            del models[name]
 
     matmul = matmul_flops(device, bf16, repeats, matmul_size)
     peak, peak_source = peak_flops(device, peak_tflops)
@@ -330,8 +361,13 @@ def run(
     }  # fmt: skip
     if compiled and profile_ops:
         step = next(iter(kinds))
-        result["profile"] = {"what": f"plain_compiled, {step}", **top_ops(train_step("plain_compiled"), device)}
-        result["profile_eager"] = {"what": f"plain, {step}", **top_ops(train_step("plain"), device)}
+        for name, key in (("plain_compiled", "profile"), ("plain", "profile_eager")):
+            if name in models:
+                result[key] = {"what": f"{name}, {step}", **top_ops(train_step(name), device)}
+        for name in (CHUNKED, GRAPHS):
+            if name in models:
+                result[f"profile_{name.removeprefix('plain_compiled_')}"] = {
+                    "what": f"{name}, {step}", **top_ops(train_step(name), device)}
     return result
 
 
@@ -345,6 +381,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, help="rounds of A B C D D C B A (CPU 10, CUDA 20)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak dense bf16 TFLOP/s, if not in the table")
+    parser.add_argument("--only", help="the contenders to time, by name, comma-separated (with plain and theirs)")
+    parser.add_argument("--no-eval", action="store_true", help="time the training step alone")
+    parser.add_argument("--results", help="write results/<RESULTS>.json (a default run writes model[_cuda].json)")
     parser.add_argument("--loss-chunk", type=int, help="positions per chunk of the chunked loss (CUDA 4096; 0: none)")
     args = parser.parse_args()
     default_run = vars(args) == vars(parser.parse_args([]))
@@ -359,7 +398,8 @@ def main() -> None:
 
     loss_chunk = (4096 if gpu else 0) if args.loss_chunk is None else args.loss_chunk
     result = run(device, config, batch, length, repeats, bf16=bf16, peak_tflops=args.peak_tflops,
-                 loss_chunk=loss_chunk or None)  # fmt: skip
+                 loss_chunk=loss_chunk or None, only=args.only and args.only.split(","),
+                 evaluate=not args.no_eval)  # fmt: skip
     size = "small" if args.small else "base"
     title = (f"transformer_book vs nn.Transformer, eager and compiled: {device.type}, {size} sizes, "
              f"vocabulary {vocab}, batch {batch} x {length} tokens, {'bf16 autocast' if bf16 else 'float32'}, "
@@ -374,7 +414,7 @@ def main() -> None:
           f"{r['first_call_s']:.1f}", f"{r['gflops']:.0f}", f"{r['share_of_matmul']:.0%}",
           f"{r['mfu']:.1%}" if r["mfu"] is not None else "-", f"{r['tokens_per_s']:,.0f}"] for r in result["rows"]],
     )  # fmt: skip
-    for key in ("profile", "profile_eager"):
+    for key in ("profile", "profile_eager", "profile_chunked", "profile_chunked_graphs"):
         if key in result:
             print_table(
                 f"Where the time goes: {result[key]['what']} (torch.profiler, self time)",
@@ -383,8 +423,8 @@ def main() -> None:
                  for o in result[key]["ops"]],
             )  # fmt: skip
             print("by group: " + ", ".join(f"{g} {v:.0%}" for g, v in result[key]["groups"].items()))
-    if default_run:  # appendix C reads the default runs only
-        name = "model_cuda" if gpu else "model"
+    if default_run or args.results:  # appendix C reads the default runs, and those it names
+        name = args.results or ("model_cuda" if gpu else "model")
         write_results(name, {"title": title, "config": dataclasses.asdict(config), "contenders": CONTENDERS,
                              **result})  # fmt: skip
 
