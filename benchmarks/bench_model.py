@@ -367,7 +367,9 @@ def run(
         for name in (CHUNKED, GRAPHS):
             if name in models:
                 result[f"profile_{name.removeprefix('plain_compiled_')}"] = {
-                    "what": f"{name}, {step}", **top_ops(train_step(name), device)}
+                    "what": f"{name}, {step}",
+                    **top_ops(train_step(name), device),
+                }
     return result
 
 
