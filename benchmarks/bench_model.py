@@ -1,7 +1,7 @@
 """One training step and one eval forward: the package's model against PyTorch's nn.Transformer,
 each eager and compiled.
 
-Four contenders (five with ``--loss-chunk``) compute the same function with the same weights, in one run:
+Four contenders (five or six with ``--loss-chunk``) compute the same function with the same weights, in one run:
 
 - ``plain``: the model the chapters teach, plain PyTorch (``nn.Linear``, ``nn.Dropout``,
   ``F.scaled_dot_product_attention``), run eagerly;
@@ -51,7 +51,11 @@ Defaults, per device:
     python benchmarks/bench_model.py --small        # a quick run
 
 Only a run with the default options writes the results file appendix C shows:
-``results/model.json`` on a CPU, ``results/model_cuda.json`` on a GPU.
+``results/model.json`` on a CPU, ``results/model_cuda.json`` on a GPU. A shorter run, for a
+device lent for minutes, names its own file, which no page reads unless told to::
+
+    python benchmarks/bench_model.py --only plain_compiled_chunked,theirs_compiled --no-eval \
+        --repeats 10 --results model_cuda_chunked
 """
 
 from __future__ import annotations
