@@ -51,6 +51,7 @@ import torch  # noqa: F401,E402
 
 if torch.distributed.is_available():  # torch.testing.assert_close's first call imports it: 0.7 s
     import torch.distributed.tensor  # noqa: F401
+import torch._dynamo  # noqa: F401,E402 - torch.optim.Adam() imports it: 1 s in each section that trains
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
