@@ -1,0 +1,34 @@
+"""The benchmark scripts' options, on the CPU and uncompiled (no timing is asserted).
+
+A benchmark that breaks only after minutes of compiling on a lent GPU costs that GPU's
+time: here its bookkeeping runs in a second, with the contenders that need no compiler.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_book as tb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_model  # noqa: E402
+
+
+@pytest.mark.parametrize("evaluate", [True, False], ids=["with-eval", "train-only"])
+def test_a_short_run_keeps_the_baseline_and_the_model_that_counts_the_work(evaluate):
+    config = tb.ModelConfig.small(40)
+    result = bench_model.run(torch.device("cpu"), config, batch=2, length=6, repeats=1, compiled=False,
+                             profile_ops=False, matmul_size=64, only=["theirs"], evaluate=evaluate)  # fmt: skip
+    rows = {(r["what"], r["contender"]): r for r in result["rows"]}
+    kinds = ["train step (fwd+loss+bwd+Adam)"] + (["eval forward"] if evaluate else [])
+    # --only theirs still times the eager plain model: its step is where the FLOPs are counted.
+    assert sorted(rows) == sorted((kind, name) for kind in kinds for name in ("plain", "theirs"))
+    for (kind, name), row in rows.items():
+        assert row["gflop"] > 0 and row["ms"] > 0, (kind, name)
+        if name == bench_model.BASELINE:
+            assert row["ratio"] == row["ratio_min"] == row["ratio_max"] == 1.0
+    assert result["tokens_per_step"] == 2 * 6 and "profile" not in result
