@@ -320,7 +320,8 @@ def run(
 
         return call
 
-    kinds = {"train step (fwd+loss+bwd+Adam)": train_step, "eval forward": eval_forward}
+    training = "train step (fwd+loss+bwd+Adam)"
+    kinds = {training: train_step, "eval forward": eval_forward}
     if not evaluate:
         del kinds["eval forward"]
     # First calls (a compiled contender's compilation), eval first: the same outputs are checked
@@ -334,8 +335,8 @@ def run(
         same_outputs(checked, forward, bf16)
     for name in list(models):
         try:
-            first[next(iter(kinds)), name] = first_call(train_step(name), device)
-            print(f"first training step of {name}: {first[next(iter(kinds)), name]:.1f} s", flush=True)
+            first[training, name] = first_call(train_step(name), device)
+            print(f"first training step of {name}: {first[training, name]:.1f} s", flush=True)
         except Exception as error:  # noqa: BLE001 (an optional contender must not end the run)
             if name != GRAPHS:
                 raise
@@ -364,14 +365,13 @@ def run(
         "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source, "rows": rows,
     }  # fmt: skip
     if compiled and profile_ops:
-        step = next(iter(kinds))
         for name, key in (("plain_compiled", "profile"), ("plain", "profile_eager")):
             if name in models:
-                result[key] = {"what": f"{name}, {step}", **top_ops(train_step(name), device)}
+                result[key] = {"what": f"{name}, {training}", **top_ops(train_step(name), device)}
         for name in (CHUNKED, GRAPHS):
             if name in models:
                 result[f"profile_{name.removeprefix('plain_compiled_')}"] = {
-                    "what": f"{name}, {step}",
+                    "what": f"{name}, {training}",
                     **top_ops(train_step(name), device),
                 }
     return result
