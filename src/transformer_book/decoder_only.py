@@ -111,14 +111,10 @@ class DecoderOnlyLayers(nn.Module):
 
 
 class DecoderOnly(nn.Module):
-    """One stack of self-attention layers under a causal mask, with no encoder
-    and no cross-attention. It reads ``src (batch, S)`` and ``tgt (batch, T)``
-    as one sequence and returns the logits of ``tgt``'s positions, ``(batch,
-    T, tgt_vocab_size)``: the encoder–decoder's call, so ``fit``,
-    ``greedy_decode`` and ``beam_search`` run it as they are, with or without
-    a KV cache. Built from the package's parts: an ``EncoderLayer`` is
-    self-attention and a feed-forward network, and the causal mask lets each
-    position see only those before it."""
+    """Encoder layers under a causal mask: no encoder, no cross-attention.
+    ``src (batch, S)`` and ``tgt (batch, T)`` are read as one sequence →
+    logits of ``tgt``'s positions ``(batch, T, tgt_vocab_size)``: the
+    encoder–decoder's call, so the decoding loops run it as they are."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -137,10 +133,9 @@ class DecoderOnly(nn.Module):
         self, memory: Tensor, tgt: Tensor, *, cache: DecoderOnlyCache | None = None,
         **masks: Tensor | None,
     ) -> Tensor:  # fmt: skip
-        """Hidden states of ``tgt``'s positions ``(batch, T, d_model)``. The
-        decoding loops' masks are not needed: the mask is made here, from the
-        tokens (causal, padding hidden). With ``cache``, ``tgt`` holds the new
-        positions only; the first call writes the source too."""
+        """Hidden states of ``tgt``'s positions ``(batch, T, d_model)``; the mask
+        is made here (causal, padding hidden). With ``cache``, ``tgt`` holds the
+        new positions only, and the first call writes the source too."""
         first = cache is None or not cache.filled  # the source goes in too
         tokens = torch.cat([memory, tgt], dim=1) if first else tgt
         start = memory.shape[1] if first else 0  # where tgt's positions begin
