@@ -17,8 +17,9 @@ import transformer_book as tb
 
 
 def small_model(dropout: float = 0.0) -> tb.Transformer:
+    """One layer a side: every kind of module and kernel, half the graph to trace."""
     tb.seed_everything(5)
-    return tb.make_model(tb.ModelConfig.small(13, dropout=dropout))
+    return tb.make_model(tb.ModelConfig.small(13, dropout=dropout, num_layers=1))
 
 
 def batch() -> tb.Batch:
@@ -69,8 +70,7 @@ def test_inductor_builds_the_evaluation_and_matches_eager(tmp_path, monkeypatch)
     if tb.compile_unavailable(torch.device("cpu")):
         pytest.fail(f"this machine should have a C++ compiler: {tb.compile_unavailable(torch.device('cpu'))}")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    tb.seed_everything(5)  # one layer a side: every kind of kernel, fewer to build (2-3 s less)
-    model = tb.make_model(tb.ModelConfig.small(13, dropout=0.0, num_layers=1)).eval()
+    model = small_model().eval()  # one layer a side: fewer kernels to build
     b = batch()
     with torch.no_grad():
         expected = model(b.src, b.tgt_in)

@@ -114,11 +114,11 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "copy": Recipe(
-        task="copy", dropout=0.0, batch_size=128, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-9,
+        task="copy", dropout=0.0, batch_size=64, warmup=100, lr_factor=1.0, clip_norm=1.0, adam_eps=1e-9,
         max_steps=1000, eval_every=50, target=1.0, taper=True, average=0.99,
     ),
     "dates": Recipe(
-        task="dates", dropout=0.1, batch_size=128, warmup=200, lr_factor=0.5, clip_norm=1.0, adam_eps=1e-9,
+        task="dates", dropout=0.1, batch_size=64, warmup=100, lr_factor=1.0, clip_norm=1.0, adam_eps=1e-9,
         max_steps=800, eval_every=50, target=0.999, taper=True, average=0.99,
     ),
 }  # fmt: skip
