@@ -2,7 +2,7 @@
 
 Usage (by tests/test_sections.py, with the Python of the wheel's virtual environment)::
 
-    python section_runner.py JOBS.json RESULTS_DIR [--workers N] [--timeout S] [--start-when FILE]
+    python section_runner.py JOBS.json RESULTS_DIR [--workers N] [--timeout S] [--start-when FILE] [--one-when FILE]
 
 JOBS.json is a list of ``{"id", "notebook", "folder", "seed", "cells"}``, in the order
 to start them: ``cells`` are the code cells to run in order (a chapter's setup cells,
@@ -10,9 +10,10 @@ then one section's). For each job this process forks a child that starts from an
 user namespace, sets ``TRANSFORMER_BOOK_SEED`` to the job's seed, runs the cells with
 IPython (magics and ``display`` work as in a notebook) from ``folder``, and writes
 ``RESULTS_DIR/<id>.json``.
-It runs ``--workers`` children at a time, the first once the file ``--start-when`` exists
+It runs ``--workers`` children at a time, none before the file ``--start-when`` exists
 (the test suite creates it when the book build has executed its chapters, so that
-the two do not share the cores).
+the two do not share the cores), and one alone once ``--one-when`` exists (created when
+the build has one chapter left running, and a core to spare).
 
 Why fork rather than start a Jupyter kernel per section: a kernel costs about four seconds
 to start and import torch, pandas and Altair, and the book has over fifty sections. The
@@ -100,15 +101,23 @@ def main() -> int:
     parser.add_argument("results", type=Path)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--start-when", type=Path, help="start no section before this file exists")
+    parser.add_argument("--start-when", type=Path, help="run --workers sections at a time once this file exists")
+    parser.add_argument("--one-when", type=Path, help="before --start-when, run one at a time once this file exists")
     args = parser.parse_args()
     jobs = json.loads(args.jobs.read_text())
     args.results.mkdir(parents=True, exist_ok=True)
     pending, running = list(jobs), {}
-    while args.start_when and not args.start_when.exists():
+
+    def allowed() -> int:
+        """How many sections may run now."""
+        if args.start_when is None or args.start_when.exists():
+            return args.workers
+        return 1 if args.one_when is not None and args.one_when.exists() else 0
+
+    while not allowed():
         time.sleep(0.2)
     while pending or running:
-        while pending and len(running) < args.workers:
+        while pending and len(running) < allowed():
             job = pending.pop(0)
             sys.stdout.flush()
             pid = os.fork()

@@ -92,12 +92,13 @@ def run_sections(
     workers: int | None = None,
     notebooks: list[str] | None = None,
     start_when: Path | None = None,
+    one_when: Path | None = None,
 ) -> SectionRuns:
     """Run every section alone (see the module docstring); returns every section's report.
 
     ``env`` is the wheel's venv; ``None`` runs with this Python (the checkout's package).
     ``workers`` sections run at a time (default: one per core), none before the file
-    ``start_when`` exists, if one is given.
+    ``start_when`` exists, if one is given, but one alone once ``one_when`` exists.
     """
     setups, sections = book_sections(notebooks=notebooks)
     work.mkdir(parents=True, exist_ok=True)
@@ -117,6 +118,7 @@ def run_sections(
     environment = {**(env.env if env else os.environ), "ATEN_CPU_CAPABILITY": CPU_KERNELS, "MPLBACKEND": "Agg"}
     start = time.perf_counter()
     wait = ["--start-when", str(start_when)] if start_when else []
+    wait += ["--one-when", str(one_when)] if one_when else []
     proc = subprocess.run(
         [str(env.python if env else sys.executable), str(RUNNER), str(work / "jobs.json"), str(work / "results"),
          "--workers", str(workers), "--timeout", str(SECTION_TIMEOUT_S), *wait],
