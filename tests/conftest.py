@@ -12,9 +12,9 @@ background as soon as the tests are collected, so they overlap with the package 
    path), and every section of every chapter executed alone, after the chapter's setup
    cells, with other seeds (`TRANSFORMER_BOOK_SEED`) and ATen's AVX2 kernels
    (`ATEN_CPU_CAPABILITY=avx2`, the float rounding of another CPU kind): one per core,
-   from the moment the build has executed its chapters (fewer executions at a time than
-   starting beside the build, for the same total time: the suite keeps both cores busy
-   either way).
+   from the moment the build has executed its chapters, and one alone from the moment
+   the build has a core to spare (its last chapter running alone): fewer executions at
+   a time than starting beside the build, for the same total time.
 
 Tests that need either are moved to the end of the run. Set BOOK_ROOT to build another
 copy of the book (default: the repository root).
@@ -46,6 +46,10 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _scratch = Path(tempfile.mkdtemp(prefix="transformer-book-tests-"))
+# The book build, chapter 10, its sections and tests/test_export.py export the same model to
+# ONNX, a few seconds each: the first traces it, the others copy its files (export_onnx's
+# cache, keyed by the weights, the code and the library versions; see book/export.py).
+os.environ["TRANSFORMER_BOOK_EXPORT_CACHE"] = str(_scratch / "onnx-exports")
 _pool = ThreadPoolExecutor(
     max_workers=len(("built_book", "wheel_env", "section_runs")), thread_name_prefix="background"
 )
@@ -53,8 +57,10 @@ _jobs: dict[str, Future] = {}
 _jobs_lock = threading.Lock()
 
 
-# Created when the book build has executed every chapter: the sections run starts then.
+# Created when the book build has executed every chapter: the sections run starts then,
+# and its first section as soon as one chapter alone is left running (a core is idle).
 _CHAPTERS_DONE = _scratch / "chapters-done"
+_CORE_FREE = _scratch / "core-free"
 
 
 def _build() -> tuple[Path, float, str]:
@@ -63,7 +69,7 @@ def _build() -> tuple[Path, float, str]:
     try:
         # The chapters, two at a time, into the cache the build reads; one that fails there is
         # executed again by the build, which reports it.
-        filled = fill_build_cache(BOOK_ROOT, out)
+        filled = fill_build_cache(BOOK_ROOT, out, slot_free=_CORE_FREE)
     finally:
         _CHAPTERS_DONE.touch()
     proc = build_book(BOOK_ROOT, out)
@@ -84,8 +90,8 @@ def _wheel_env() -> ColabEnv:
 def _sections() -> SectionRuns:
     env = _job("wheel_env", _wheel_env)
     # Without the book build (tests that need the sections alone), start at once.
-    start_when = _CHAPTERS_DONE if "built_book" in _jobs else None
-    return run_sections(env.result(), _scratch / "sections", start_when=start_when)
+    start_when, one_when = (_CHAPTERS_DONE, _CORE_FREE) if "built_book" in _jobs else (None, None)
+    return run_sections(env.result(), _scratch / "sections", start_when=start_when, one_when=one_when)
 
 
 JOBS: dict[str, Callable] = {"built_book": _build, "wheel_env": _wheel_env, "section_runs": _sections}

@@ -1,13 +1,16 @@
 """The dates model exported to ONNX (transformer_book.book.export) against PyTorch, run with onnxruntime.
 
-One export per module (about five seconds): the graphs must give PyTorch's memory and
-logits to 1e-5, the greedy loop the page runs must give tb.greedy_decode's tokens, and
-the cross-attention the heatmap shows must be PyTorch's.
+One export per module (about five seconds, or a copy from the suite's export cache, which
+tests/conftest.py sets): the graphs must give PyTorch's memory and logits to 1e-5, the
+greedy loop the page runs must give tb.greedy_decode's tokens, and the cross-attention
+the heatmap shows must be PyTorch's.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import re
 
 import numpy as np
@@ -15,7 +18,8 @@ import pytest
 import torch
 
 import transformer_book as tb
-from transformer_book.book.export import MAX_MODEL_BYTES
+from transformer_book.book import export
+from transformer_book.book.export import EXPORT_CACHE, MAX_MODEL_BYTES
 from transformer_book.data import split_words
 
 CHECKED = 64  # held-out dates compared one by one (the first ones of the task's list)
@@ -113,3 +117,24 @@ def test_words_outside_the_limits(trained, exported, sessions):
         tb.onnx_greedy_decode(exported, ["mai"] * (trained.task.src_len + 1), sessions)
     with pytest.raises(ValueError, match="does not know.*'Mai', '<eos>'"):
         tb.onnx_greedy_decode(exported, ["premier", "Mai", "<eos>"], sessions)
+
+
+def test_the_export_cache_copies_only_the_same_model(trained, exported, tmp_path, monkeypatch):
+    """The suite's export cache (tests/conftest.py sets $TRANSFORMER_BOOK_EXPORT_CACHE): another
+    export of the model is a copy of the one above, file for file; other weights are traced."""
+    assert os.environ.get(EXPORT_CACHE), "tests/conftest.py sets the export cache"
+
+    def refuse(*args):
+        raise AssertionError("traced again")
+
+    monkeypatch.setattr(export, "_trace_into", refuse)
+    again = tb.export_onnx(trained, tmp_path / "again")
+    assert again.spec == exported.spec
+    for name in ("encoder", "decoder", "tokenizer"):
+        assert getattr(again, name).read_bytes() == getattr(exported, name).read_bytes(), name
+    other = copy.copy(trained)
+    other.model = copy.deepcopy(trained.model)
+    with torch.no_grad():
+        other.model.generator.bias += 1e-3
+    with pytest.raises(AssertionError, match="traced again"):
+        tb.export_onnx(other, tmp_path / "other")

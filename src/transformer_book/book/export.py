@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import math
+import os
+import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +58,10 @@ ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE = (
 )
 # The two graphs together may weigh this much: the page downloads them when the reader starts it.
 MAX_MODEL_BYTES = 1_000_000
+# A folder named here keeps each export, keyed by everything it depends on, and a later call
+# for the same model copies it instead of tracing again: the test suite sets it, since the
+# book build, chapter 10, its sections and tests/test_export.py all export the same model.
+EXPORT_CACHE = "TRANSFORMER_BOOK_EXPORT_CACHE"
 
 
 class EncoderGraph(nn.Module):
@@ -217,7 +225,8 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
 
     The model is exported in evaluation mode, on the CPU, with fixed shapes
     ``src (1, src_len)`` and ``tgt (1, decoder_len)`` (see the module docstring).
-    Takes a few seconds: ``torch.export`` traces each graph once.
+    Takes a few seconds: ``torch.export`` traces each graph once (unless the folder
+    that ``$TRANSFORMER_BOOK_EXPORT_CACHE`` names holds this very export).
     """
     if not isinstance(trained.task, DateTask):
         raise ValueError(
@@ -226,6 +235,29 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     spec = tokenizer_spec(trained)
+    cached = _cached_export(trained, spec)
+    if cached is not None and cached.is_dir():  # traced before, by this very code
+        _copy_files(cached, folder)
+        spec = json.loads((folder / TOKENIZER_FILE).read_text(encoding="utf-8"))
+    else:
+        _trace_into(trained, spec, folder)
+    if cached is not None and not cached.is_dir():  # whole or not at all: copy, rename
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        aside = Path(tempfile.mkdtemp(dir=cached.parent))
+        _copy_files(folder, aside)
+        with contextlib.suppress(OSError):  # another process has just cached it
+            aside.rename(cached)
+    return OnnxExport(
+        folder,
+        folder / ENCODER_FILE,
+        folder / DECODER_FILE,
+        folder / TOKENIZER_FILE,
+        spec,
+    )
+
+
+def _trace_into(trained: TrainedModel, spec: dict, folder: Path) -> None:
+    """Export both graphs into ``folder``, then ``tokenizer.json`` with their sizes."""
     model = trained.model
     device, was_training = next(model.parameters()).device, model.training
     model.cpu().eval()
@@ -254,13 +286,32 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
     (folder / TOKENIZER_FILE).write_text(
         json.dumps(spec, ensure_ascii=False, indent=1), encoding="utf-8"
     )
-    return OnnxExport(
-        folder,
-        folder / ENCODER_FILE,
-        folder / DECODER_FILE,
-        folder / TOKENIZER_FILE,
-        spec,
-    )
+
+
+def _copy_files(source: Path, target: Path) -> None:
+    for name in (ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE):
+        shutil.copyfile(source / name, target / name)
+
+
+def _cached_export(trained: TrainedModel, spec: dict) -> Path | None:
+    """Where ``$TRANSFORMER_BOOK_EXPORT_CACHE`` keeps this export, or None if it is not set.
+
+    The key covers the weights, the config, the tokenizer, this module's code and the
+    versions of the libraries that write the graphs."""
+    root = os.environ.get(EXPORT_CACHE)
+    if not root:
+        return None
+    import onnx
+    import onnxscript
+
+    state = io.BytesIO()
+    torch.save(trained.model.state_dict(), state)
+    key = hashlib.sha256(state.getvalue())
+    for part in (repr(trained.model.config), json.dumps(spec, sort_keys=True),
+                 Path(__file__).read_text(encoding="utf-8"),
+                 torch.__version__, onnx.__version__, onnxscript.__version__):  # fmt: skip
+        key.update(str(part).encode())
+    return Path(root) / key.hexdigest()[:24]
 
 
 @dataclass
