@@ -262,11 +262,7 @@ def check_mask(
 
 
 def check_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    mask: Tensor | None = None,
-    dropout_p: float = 0.0,
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout_p: float
 ) -> None:
     """The inputs of scaled dot-product attention: ``query (..., q_len, d_k)``, ``key (..., k_len, d_k)``,
     ``value (..., k_len, d_v)`` floating tensors on one device, ``mask`` boolean and broadcastable to
