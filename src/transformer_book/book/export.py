@@ -270,12 +270,9 @@ def _trace_into(trained: TrainedModel, spec: dict, folder: Path) -> None:
         encoder = EncoderGraph(model, spec["src_len"]).eval()
         decoder = DecoderGraph(model, spec["decoder_len"]).eval()
         memory = encoder(src).detach()
-        # Grad mode on, even inside a caller's no_grad or inference mode: an accelerated model
-        # (appendix C) takes inference-only shortcuts there that torch.export cannot trace.
-        with torch.enable_grad():
-            _export_graph(encoder, (src,), ["src"], ["memory"], folder / ENCODER_FILE)
-            _export_graph(decoder, (memory, src, tgt), ["memory", "src", "tgt"], ["logits", "cross_attention"],
-                          folder / DECODER_FILE)  # fmt: skip
+        _export_graph(encoder, (src,), ["src"], ["memory"], folder / ENCODER_FILE)
+        _export_graph(decoder, (memory, src, tgt), ["memory", "src", "tgt"], ["logits", "cross_attention"],
+                      folder / DECODER_FILE)  # fmt: skip
     finally:
         model.to(device).train(was_training)
     for name in (ENCODER_FILE, DECODER_FILE):
