@@ -245,8 +245,10 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
         cached.parent.mkdir(parents=True, exist_ok=True)
         aside = Path(tempfile.mkdtemp(dir=cached.parent))
         _copy_files(folder, aside)
-        with contextlib.suppress(OSError):  # another process has just cached it
+        try:
             aside.rename(cached)
+        except OSError:  # another process has just cached it
+            shutil.rmtree(aside)
     return OnnxExport(
         folder,
         folder / ENCODER_FILE,
@@ -286,6 +288,7 @@ def _trace_into(trained: TrainedModel, spec: dict, folder: Path) -> None:
 
 
 def _copy_files(source: Path, target: Path) -> None:
+    """Copy the two graphs and ``tokenizer.json`` from ``source`` to ``target``."""
     for name in (ENCODER_FILE, DECODER_FILE, TOKENIZER_FILE):
         shutil.copyfile(source / name, target / name)
 
