@@ -94,6 +94,9 @@ CONTENDERS = {
 CHUNKED = "plain_compiled_chunked"
 GRAPHS = "plain_compiled_chunked_graphs"
 BASELINE = "theirs"
+# The results file's key for the profile of each contender's training step (those timed).
+PROFILES = {"plain_compiled": "profile", "plain": "profile_eager", CHUNKED: "profile_chunked",
+            GRAPHS: "profile_chunked_graphs"}  # fmt: skip
 
 #: Peak dense bf16 tensor-core FLOP/s, from NVIDIA's datasheets (which print twice these
 #: figures "with sparsity"): (a piece of the name torch.cuda.get_device_name() reports, FLOP/s,
@@ -365,15 +368,9 @@ def run(
         "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source, "rows": rows,
     }  # fmt: skip
     if compiled and profile_ops:
-        for name, key in (("plain_compiled", "profile"), ("plain", "profile_eager")):
+        for name, key in PROFILES.items():
             if name in models:
                 result[key] = {"what": f"{name}, {training}", **top_ops(train_step(name), device)}
-        for name in (CHUNKED, GRAPHS):
-            if name in models:
-                result[f"profile_{name.removeprefix('plain_compiled_')}"] = {
-                    "what": f"{name}, {training}",
-                    **top_ops(train_step(name), device),
-                }
     return result
 
 
@@ -420,7 +417,7 @@ def main() -> None:
           f"{r['first_call_s']:.1f}", f"{r['gflops']:.0f}", f"{r['share_of_matmul']:.0%}",
           f"{r['mfu']:.1%}" if r["mfu"] is not None else "-", f"{r['tokens_per_s']:,.0f}"] for r in result["rows"]],
     )  # fmt: skip
-    for key in ("profile", "profile_eager", "profile_chunked", "profile_chunked_graphs"):
+    for key in PROFILES.values():
         if key in result:
             print_table(
                 f"Where the time goes: {result[key]['what']} (torch.profiler, self time)",

@@ -71,16 +71,16 @@ def heaviest_first(notebooks: list[str]) -> list[str]:
 
 
 def fill_build_cache(
-    source: Path, output: Path, workers: int = 2, slot_free: Path | None = None
+    source: Path, output: Path, workers: int = 2, core_free: Path | None = None
 ) -> subprocess.CompletedProcess:
     """Execute the book's notebooks ``workers`` at a time into the jupyter-cache that
     ``build_book(source, output)`` reads (tests/fill_cache.py), so the build finds them executed.
-    ``slot_free``: a file to create once a worker has no notebook left to start."""
+    ``core_free``: a file to create once a worker has no notebook left to start."""
     timeout = load_config(source).get("execute", {}).get("timeout", 300)
     return subprocess.run(
         [sys.executable, str(Path(__file__).with_name("fill_cache.py")), str(source),
          str(output / "_build" / ".jupyter_cache"), *heaviest_first(toc_notebooks(source)),
-         "--workers", str(workers), "--timeout", str(timeout), *(["--slot-free", str(slot_free)] if slot_free else [])],
+         "--workers", str(workers), "--timeout", str(timeout), *(["--core-free", str(core_free)] if core_free else [])],
         capture_output=True, text=True, env=os.environ.copy(),
     )  # fmt: skip
 

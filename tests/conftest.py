@@ -37,6 +37,8 @@ from book_helpers import BOOK_ROOT, NOTEBOOK_TIMES, build_book, fill_build_cache
 from sections import SectionRuns, run_sections
 from wheel_env import ColabEnv, make_wheel_env
 
+from transformer_book.book.export import EXPORT_CACHE
+
 # The package tests use small models, for which one thread is as fast as two; with two, a
 # busy shared machine (the executions above run beside them) makes PyTorch's threads wait
 # on each other and a 10-second training test takes minutes.
@@ -49,7 +51,7 @@ _scratch = Path(tempfile.mkdtemp(prefix="transformer-book-tests-"))
 # The book build, chapter 10, its sections and tests/test_export.py export the same model to
 # ONNX, a few seconds each: the first traces it, the others copy its files (export_onnx's
 # cache, keyed by the weights, the code and the library versions; see book/export.py).
-os.environ["TRANSFORMER_BOOK_EXPORT_CACHE"] = str(_scratch / "onnx-exports")
+os.environ[EXPORT_CACHE] = str(_scratch / "onnx-exports")
 _pool = ThreadPoolExecutor(
     max_workers=len(("built_book", "wheel_env", "section_runs")), thread_name_prefix="background"
 )
@@ -69,7 +71,7 @@ def _build() -> tuple[Path, float, str]:
     try:
         # The chapters, two at a time, into the cache the build reads; one that fails there is
         # executed again by the build, which reports it.
-        filled = fill_build_cache(BOOK_ROOT, out, slot_free=_CORE_FREE)
+        filled = fill_build_cache(BOOK_ROOT, out, core_free=_CORE_FREE)
     finally:
         _CHAPTERS_DONE.touch()
     proc = build_book(BOOK_ROOT, out)

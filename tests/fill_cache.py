@@ -1,6 +1,6 @@
 """Execute a book's notebooks several at a time into the jupyter-cache its build reads.
 
-    python tests/fill_cache.py BOOK_ROOT CACHE_DIR [--workers N] [--timeout S] [--slot-free FILE] NOTEBOOK...
+    python tests/fill_cache.py BOOK_ROOT CACHE_DIR [--workers N] [--timeout S] [--core-free FILE] NOTEBOOK...
 
 `jupyter-book build` (myst-nb's ``execute_notebooks: cache``) executes each notebook that
 has no cached outputs, one after another, as it reads the pages. Filled in advance, the
@@ -11,7 +11,7 @@ cached, so the build executes it again and reports the error as it always does.
 
 The test suite runs this before its book build (tests/conftest.py), the longest chapters
 first (``book_helpers.heaviest_first``), so two cores are busy where the build alone
-would use one. ``--slot-free FILE`` is created once no notebook is left to start and a
+would use one. ``--core-free FILE`` is created once no notebook is left to start and a
 worker has gone idle: the suite's sections run takes that core while the last ones finish.
 """
 
@@ -39,10 +39,10 @@ def execute(path: str, timeout: float) -> tuple[str, nbformat.NotebookNode | Non
 
 
 def fill(
-    root: Path, cache_dir: Path, notebooks: list[str], workers: int, timeout: float, slot_free: Path | None = None
+    root: Path, cache_dir: Path, notebooks: list[str], workers: int, timeout: float, core_free: Path | None = None
 ) -> dict[str, float]:
     """Execute ``notebooks`` (relative to ``root``) into ``cache_dir``; returns seconds per notebook run.
-    ``slot_free`` is created when fewer than ``workers`` notebooks are left running."""
+    ``core_free`` is created when fewer than ``workers`` notebooks are left running."""
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
 
@@ -54,8 +54,8 @@ def fill(
             path, executed, elapsed, error = future.result()
             name = Path(path).relative_to(root).as_posix()
             seconds[name] = elapsed
-            if slot_free is not None and len(notebooks) - len(seconds) < workers:
-                slot_free.touch()  # every notebook has started, and a worker is idle
+            if core_free is not None and len(notebooks) - len(seconds) < workers:
+                core_free.touch()  # every notebook has started, and a worker is idle
             if executed is None:  # the build will execute it again and report the error
                 print(f"{name}: failed after {elapsed:.1f}s\n{error[-2000:]}", flush=True)
                 continue
@@ -76,10 +76,10 @@ def main() -> int:
     parser.add_argument("notebooks", nargs="+", help="paths relative to root, in the order to start them")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--slot-free", type=Path, help="created when a worker has no notebook left to start")
+    parser.add_argument("--core-free", type=Path, help="created when a worker has no notebook left to start")
     args = parser.parse_args()
     start = time.perf_counter()
-    seconds = fill(args.root.resolve(), args.cache, args.notebooks, args.workers, args.timeout, args.slot_free)
+    seconds = fill(args.root.resolve(), args.cache, args.notebooks, args.workers, args.timeout, args.core_free)
     print(f"{len(seconds)} notebooks in {time.perf_counter() - start:.1f}s with {args.workers} workers")
     return 0
 
