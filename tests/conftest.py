@@ -6,6 +6,7 @@ background as soon as the tests are collected, so they overlap with the package 
 1. **The book build** (`built_book`): `jupyter-book build --all -W -n --keep-going`, exactly
    as CI and the README run it, into a temporary folder. Every chapter is executed once,
    with the book's seeds, into the build's jupyter-cache: two at a time by tests/fill_cache.py
+   (in kernels forked from one that has imported the libraries, tests/forked_kernels.py)
    just before the build, which then finds them executed. tests/test_notebooks.py reads
    that cache instead of executing the chapters again, and tests/test_book.py checks the HTML.
 2. **The sections run** (`section_runs`): the package's wheel in a fresh venv (the Colab

@@ -11,7 +11,9 @@ cached, so the build executes it again and reports the error as it always does.
 
 The test suite runs this before its book build (tests/conftest.py), the longest chapters
 first (``book_helpers.heaviest_first``), so two cores are busy where the build alone
-would use one. ``--core-free FILE`` is created once no notebook is left to start and a
+would use one. The kernels are forked from one process that has imported the chapters'
+libraries once (tests/forked_kernels.py): a fresh kernel would spend about four seconds
+of CPU on those imports for every chapter. ``--core-free FILE`` is created once no notebook is left to start and a
 worker has gone idle: the suite's sections run takes that core while the last ones finish.
 """
 
@@ -23,6 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+import forked_kernels
 import nbformat
 
 
@@ -31,10 +34,11 @@ def execute(path: str, timeout: float) -> tuple[str, nbformat.NotebookNode | Non
     from jupyter_cache.executors.utils import single_nb_execution
 
     notebook = nbformat.read(path, as_version=4)
-    # What myst-nb's cache client does for a notebook the cache does not hold.
+    # What myst-nb's cache client does for a notebook the cache does not hold (in a forked kernel).
     result = single_nb_execution(
-        notebook, cwd=str(Path(path).parent), allow_errors=False, timeout=timeout, meta_override=True
-    )
+        notebook, cwd=str(Path(path).parent), allow_errors=False, timeout=timeout, meta_override=True,
+        kernel_name=forked_kernels.KERNEL_NAME,
+    )  # fmt: skip
     return path, (None if result.err else notebook), result.time, result.exc_string or ""
 
 
@@ -48,7 +52,7 @@ def fill(
 
     cache = get_cache(str(cache_dir))
     seconds: dict[str, float] = {}
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with forked_kernels.zygote(), ProcessPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(execute, str(root / name), timeout) for name in notebooks]
         for future in as_completed(futures):
             path, executed, elapsed, error = future.result()

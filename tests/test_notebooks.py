@@ -130,16 +130,21 @@ HIDDEN = {"hide-input", "remove-input", "remove-cell"}
 RICH = {"text/html", "image/png", "image/svg+xml", "application/vnd.vegalite.v5+json", "text/markdown"}
 
 
+def executed_notebook(notebook: str, executions, built_book_output: Path):
+    """``notebook`` as the book build executed it, outputs and all."""
+    project, cached = executions[notebook]
+    assert cached is not None, f"{notebook} failed in the book build"
+    from jupyter_cache import get_cache
+
+    return get_cache(built_book_output / "_build" / ".jupyter_cache").get_cache_bundle(cached.pk).nb
+
+
 @pytest.mark.parametrize("notebook", TOC_NOTEBOOKS)
 def test_no_hidden_cell_prints_a_bare_value(notebook, executions, built_book_output):
     """A cell whose input is hidden or removed shows its output on the page without the code that
     made it: a bare number or repr there ("0.1949317738791423") means nothing to a reader. Charts,
     tables and deliberate printed lines (a stream) are fine; a plain-text result is not."""
-    project, cached = executions[notebook]
-    assert cached is not None, f"{notebook} failed in the book build"
-    from jupyter_cache import get_cache
-
-    executed = get_cache(built_book_output / "_build" / ".jupyter_cache").get_cache_bundle(cached.pk).nb
+    executed = executed_notebook(notebook, executions, built_book_output)
     stray = []
     for index, cell in enumerate(executed.cells):
         tags = set(cell.get("metadata", {}).get("tags", []))
@@ -149,6 +154,19 @@ def test_no_hidden_cell_prints_a_bare_value(notebook, executions, built_book_out
             if output.get("output_type") == "execute_result" and not set(output.get("data", {})) & RICH:
                 stray.append(f"cell {index}: {str(output['data'].get('text/plain'))[:60]!r}")
     assert not stray, f"{notebook}: hidden cells print bare values: {stray}"
+
+
+@pytest.mark.parametrize("notebook", TOC_NOTEBOOKS)
+def test_every_matplotlib_figure_reaches_the_page_as_an_image(notebook, executions, built_book_output):
+    """A kernel with ipykernel's inline backend sends each figure as a PNG; one that lost it (the test
+    suite forks its kernels from a process that imported matplotlib, tests/forked_kernels.py) would
+    send only the text "<Figure size ...>", and the page would show that instead of the chart."""
+    executed = executed_notebook(notebook, executions, built_book_output)
+    outputs = [output for cell in executed.cells if cell.cell_type == "code" for output in cell.get("outputs", [])]
+    figures = [o for o in outputs if str(o.get("data", {}).get("text/plain", "")).startswith("<Figure size")]
+    assert all("image/png" in figure["data"] for figure in figures), f"{notebook}: a figure without its image"
+    draws = any(re.search(r"\b(plt|sns)\.", cell.source) for cell in executed.cells if cell.cell_type == "code")
+    assert figures or not draws, f"{notebook} draws with matplotlib, but no figure reached its outputs"
 
 
 #: A graded part, and the names under which the package's version of it can be shown.
