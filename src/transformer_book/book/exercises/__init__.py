@@ -21,8 +21,10 @@ The package
 - ``engine`` — the grading machinery: ``engine.Case`` (one input), ``engine.Part``
   (one graded part: its reference, cases, runner and mistakes), running the reader's code under a
   time budget with its printing captured, recognising a mistake, ``engine.run_check``;
-- ``results`` — :class:`Mistake`, :class:`CheckResult`, :class:`Section`; ``sections`` the
-  sections the messages cite; ``compare`` how two outputs are compared and a difference located;
+- ``results`` — :class:`Mistake`, :class:`CheckResult`, :class:`Section`, ``Page``; ``sections``
+  the book's pages, so that a mistake cites its section where it stands
+  (``section=MASKING["The padding mask"]``); ``compare`` how two outputs are compared and a
+  difference located;
 - one module per chapter, ``chNN_topic.py``, with its parts' cases, broken variants and mistakes,
   ending in a tuple ``PARTS``.
 

@@ -13,7 +13,7 @@ from ...embedding import TokenEmbedding
 from .compare import _shape
 from .engine import Case, Part, _build, _forward, _generator, _ReaderProblem
 from .results import mistake_maker
-from .sections import _CH1, _CH1_COPY, _CH1_PAD
+from .sections import EMBEDDING
 
 
 def _embedding_cases() -> list[Case]:
@@ -165,7 +165,7 @@ _EMBEDDING_MISTAKES = (
         "the padding row receives a gradient: the table is built without padding_idx, so training "
         "would move the padding vector away from zero",
         padding=False,
-        section=_CH1_PAD,
+        section=EMBEDDING["The padding id"],
     ),
     _mistake(
         "table_one_row_short",
@@ -173,7 +173,7 @@ _EMBEDDING_MISTAKES = (
         "the table has vocab_size − 1 rows; ids count from 0, so the last id, vocab_size − 1, needs a row "
         "of its own (padding included)",
         rows=-1,
-        section=_CH1_COPY,
+        section=EMBEDDING["The copy-task batch, embedded"],
         errata=(33,),
     ),
 )
@@ -184,7 +184,7 @@ PARTS = (
         "TokenEmbedding",
         TokenEmbedding,
         "class (vocab_size, d_model, padding_idx=None); forward(tokens) → (batch, seq, d_model)",
-        _CH1,
+        EMBEDDING["Why multiply by √d_model?"],
         _embedding_cases,
         _run_embedding,
         _EMBEDDING_MISTAKES,

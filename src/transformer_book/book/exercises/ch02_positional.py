@@ -11,7 +11,7 @@ from torch import Tensor
 from ...positional import sinusoidal_positional_encoding
 from .engine import Case, Part, _signature_of, run_function
 from .results import mistake_maker
-from .sections import _CH2_FORMULA, _CH2_LAYOUT, _CH2_PICTURE, _CH2_WORKED
+from .sections import POSITIONAL
 
 
 def _pe_cases() -> list[Case]:
@@ -86,7 +86,7 @@ _PE_MISTAKES = (
         "The package counts from 0, as tensor2tensor and the Annotated Transformer do (its row 0 is sin 0 = 0, "
         "cos 0 = 1); either convention works on its own, but mixing the two shifts every position by one",
         first_position=1,
-        section=_CH2_WORKED,
+        section=POSITIONAL["2.3 Worked examples: a single entry and a whole row"],
         errata=(1, 22),
     ),
     _mistake(
@@ -95,7 +95,9 @@ _PE_MISTAKES = (
         "all sines come first and all cosines after them (tensor2tensor's column order): the same numbers, "
         "but the package and the paper interleave them, sine in column 2i and cosine in column 2i + 1",
         layout="concatenated",
-        section=_CH2_LAYOUT,
+        section=POSITIONAL[
+            "2.6 Interleaved or concatenated: the same table, columns reordered"
+        ],
     ),
     _mistake(
         "exponent_uses_column",
@@ -103,7 +105,7 @@ _PE_MISTAKES = (
         "the i of 10000^(2i/d_model) is taken to be the column; it numbers the sine/cosine pair, so "
         "columns 2i and 2i + 1 share one frequency",
         index="column",
-        section=_CH2_WORKED,
+        section=POSITIONAL["2.3 Worked examples: a single entry and a whole row"],
         errata=(23,),
     ),
     _mistake(
@@ -138,7 +140,9 @@ _PE_MISTAKES = (
         "filled every column with a sine",
         "every column holds a sine, so each odd column repeats the even column before it and row 0 is all zeros",
         sine_only=True,
-        section=_CH2_PICTURE,
+        section=POSITIONAL[
+            "2.4 The picture, and a bug in the tutorial's plotting code"
+        ],
         errata=(24,),
     ),
 )
@@ -149,7 +153,7 @@ PARTS = (
         "sinusoidal_positional_encoding",
         sinusoidal_positional_encoding,
         "(max_len, d_model) → the table (max_len, d_model)",
-        _CH2_FORMULA,
+        POSITIONAL["2.2 The formula"],
         _pe_cases,
         run_function(("output",)),
         _PE_MISTAKES,

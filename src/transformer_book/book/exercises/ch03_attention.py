@@ -14,14 +14,7 @@ from ...attention import scaled_dot_product_attention
 from ...masking import causal_mask
 from .engine import Case, Part, _generator, _key_padding, run_function
 from .results import mistake_maker
-from .sections import (
-    _CH3_MATRIX,
-    _CH3_SOFTMAX,
-    _CH3_WHY,
-    _CH5_CONVENTIONS,
-    _CH5_EMPTY,
-    _CH5_ENTERS,
-)
+from .sections import ATTENTION, MASKING
 
 
 def _attention_cases() -> list[Case]:
@@ -126,7 +119,9 @@ def _both_empty_row_handlings(**changes: Any) -> tuple[Callable, ...]:
     )
 
 
-_mistake = mistake_maker(_both_empty_row_handlings, _CH3_WHY)
+_mistake = mistake_maker(
+    _both_empty_row_handlings, ATTENTION["3.4 Why divide by √d_k?"]
+)
 
 _ATTENTION_MISTAKES = (
     _mistake(
@@ -160,7 +155,7 @@ _ATTENTION_MISTAKES = (
         "took the softmax over dim=-2",
         "the softmax runs over the queries (dim=-2), so each key's column sums to 1 instead of each query's row",
         axis=-2,
-        section=_CH3_SOFTMAX,
+        section=ATTENTION["Step 4: softmax"],
     ),
     _mistake(
         "mask_inverted",
@@ -168,7 +163,7 @@ _ATTENTION_MISTAKES = (
         "the mask is read as True = hidden (nn.MultiheadAttention's convention); in the package True means "
         "may attend, so the keys the mask allows are the ones hidden",
         invert=True,
-        section=_CH5_CONVENTIONS,
+        section=MASKING["Two conventions: ours and `nn.MultiheadAttention`'s"],
     ),
     _mistake(
         "masked_scores_zero",
@@ -176,7 +171,7 @@ _ATTENTION_MISTAKES = (
         "hidden scores are set to 0 before the softmax, and e⁰ = 1 still gives them weight; a hidden key "
         "needs the score −∞ to get the weight 0",
         fill=0.0,
-        section=_CH5_ENTERS,
+        section=MASKING["How a mask enters attention"],
         errata=(10,),
     ),
     _mistake(
@@ -185,7 +180,7 @@ _ATTENTION_MISTAKES = (
         "a query whose every key is masked gets NaN (a softmax over nothing but −∞ is 0/0); the package "
         "gives such a query zero weights and a zero output, as PyTorch's fused kernel does",
         _attention_variant(empty_rows_zero=False),
-        section=_CH5_EMPTY,
+        section=MASKING["`-inf` or `-1e9`? The row with nothing to read"],
     ),
     _mistake(
         "empty_row_average",
@@ -193,7 +188,7 @@ _ATTENTION_MISTAKES = (
         "hidden scores are filled with a large negative number such as −1e9 and nothing more, so a query whose "
         "every key is masked gets the plain average of all the values instead of zero weights",
         _attention_variant(fill=-1e9, empty_rows_zero=False),
-        section=_CH5_EMPTY,
+        section=MASKING["`-inf` or `-1e9`? The row with nothing to read"],
         errata=(43,),
     ),
 )
@@ -204,7 +199,7 @@ PARTS = (
         "scaled_dot_product_attention",
         scaled_dot_product_attention,
         "(query, key, value, mask=None) → output (and, if you like, weights)",
-        _CH3_MATRIX,
+        ATTENTION["3.3 Every query at once: the matrix form"],
         _attention_cases,
         run_function(("output", "weights")),
         _ATTENTION_MISTAKES,

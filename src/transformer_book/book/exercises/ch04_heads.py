@@ -26,14 +26,7 @@ from .engine import (
     _random_state,
 )
 from .results import mistake_maker
-from .sections import (
-    _CH3_MATRIX,
-    _CH3_WHY,
-    _CH4_CONCAT,
-    _CH4_SPLIT,
-    _CH4_VIEW,
-    _HEADS_COUNT,
-)
+from .sections import _HEADS_COUNT, ATTENTION, HEADS
 
 
 def _mha_cases() -> list[Case]:
@@ -164,7 +157,7 @@ _MHA_MISTAKES = (
         "the heads are merged by reshaping (B, heads, len, d_head) straight to (B, len, d_model); without "
         "transposing heads and positions back first, each output row mixes pieces of several positions",
         merge="view",
-        section=_CH4_VIEW,
+        section=HEADS["Why `view` needs the `transpose`"],
     ),
     _mha_mistake(
         "split_without_transpose",
@@ -173,7 +166,7 @@ _MHA_MISTAKES = (
         "consecutive numbers as one position, so each head sees pieces of several positions",
         {"split": "view"},
         {"split": "view", "merge": "view"},
-        section=_CH4_VIEW,
+        section=HEADS["Why `view` needs the `transpose`"],
     ),
     _mha_mistake(
         "heads_and_width_swapped",
@@ -197,7 +190,7 @@ _MHA_MISTAKES = (
         "the block ends with the concatenation of the heads; the package then applies W^O (out_proj), "
         "which mixes the heads' columns",
         out_proj=False,
-        section=_CH4_CONCAT,
+        section=HEADS["Concatenation, then $W^O$"],
         errata=(31,),
     ),
     _mha_mistake(
@@ -205,7 +198,7 @@ _MHA_MISTAKES = (
         "weighted the values without v_proj",
         "the values are the inputs themselves; each head weights v_proj(value), the values projected by W^V",
         project_values=False,
-        section=_CH3_MATRIX,
+        section=ATTENTION["3.3 Every query at once: the matrix form"],
         errata=(26,),
     ),
     _mha_mistake(
@@ -213,7 +206,7 @@ _MHA_MISTAKES = (
         "divided the scores by √d_model",
         "the scores are divided by √d_model; each head divides by √d_head, the width of its own queries and keys",
         scale="d_model",
-        section=_CH3_WHY,
+        section=ATTENTION["3.4 Why divide by √d_k?"],
     ),
 )
 
@@ -309,7 +302,7 @@ _SPLIT_MISTAKES = (
         "x is viewed straight as (B, heads, len, d_head); that reads consecutive numbers as one position, so "
         "each head's rows are pieces of several positions. The heads axis has to come from the features",
         layout="view",
-        section=_CH4_VIEW,
+        section=HEADS["Why `view` needs the `transpose`"],
     ),
     _split_mistake(
         "heads_and_width_swapped",
@@ -351,7 +344,7 @@ _MERGE_MISTAKES = (
         "(B, heads, len, d_head) is reshaped straight to (B, len, d_model); without first moving the heads "
         "axis next to d_head, each output row mixes pieces of several positions",
         layout="view",
-        section=_CH4_VIEW,
+        section=HEADS["Why `view` needs the `transpose`"],
     ),
     _merge_mistake(
         "strided_merge",
@@ -366,7 +359,7 @@ _MERGE_MISTAKES = (
         "the heads are added up, giving d_head features per position; they are concatenated, giving "
         "heads × d_head = d_model",
         layout="sum",
-        section=_CH4_CONCAT,
+        section=HEADS["Concatenation, then $W^O$"],
     ),
     _merge_mistake(
         "heads_averaged",
@@ -374,7 +367,7 @@ _MERGE_MISTAKES = (
         "the heads are averaged, giving d_head features per position; they are concatenated, giving "
         "heads × d_head = d_model",
         layout="mean",
-        section=_CH4_CONCAT,
+        section=HEADS["Concatenation, then $W^O$"],
     ),
     _merge_mistake(
         "concatenated_along_positions",
@@ -382,7 +375,7 @@ _MERGE_MISTAKES = (
         "the heads are concatenated along the positions, (B, heads · len, d_head); the concatenation is "
         "along the features, (B, len, heads · d_head)",
         layout="sequence",
-        section=_CH4_CONCAT,
+        section=HEADS["Concatenation, then $W^O$"],
     ),
 )
 
@@ -392,7 +385,7 @@ PARTS = (
         "split_heads",
         _split_reference,
         "(x (B, len, d_model), num_heads) → (B, heads, len, d_head)",
-        _CH4_SPLIT,
+        HEADS["The split, one shape at a time"],
         lambda: _heads_cases(merge=False),
         _run_heads,
         _SPLIT_MISTAKES,
@@ -402,7 +395,7 @@ PARTS = (
         "merge_heads",
         _merge_reference,
         "(x (B, heads, len, d_head)[, num_heads]) → (B, len, d_model)",
-        _CH4_SPLIT,
+        HEADS["The split, one shape at a time"],
         lambda: _heads_cases(merge=True),
         _run_heads,
         _MERGE_MISTAKES,
@@ -412,7 +405,7 @@ PARTS = (
         "MultiHeadAttention",
         MultiHeadAttention,
         "class (d_model, num_heads) with q_proj, k_proj, v_proj, out_proj; forward(query, key, value, mask=None)",
-        _CH4_SPLIT,
+        HEADS["The split, one shape at a time"],
         _mha_cases,
         _run_mha,
         _MHA_MISTAKES,

@@ -11,7 +11,7 @@ from torch import Tensor
 from ...masking import causal_mask, padding_mask, target_mask
 from .engine import Case, Part, run_function
 from .results import Mistake, Section, mistake_maker
-from .sections import _CH5_BOTH, _CH5_CAUSAL, _CH5_CONVENTIONS, _CH5_PADDING
+from .sections import MASKING
 
 _NUMBERS = (torch.float32, torch.int64, torch.int32, torch.uint8)
 """The dtypes a mask that is not boolean comes in."""
@@ -78,7 +78,7 @@ def _shared_mistakes(
             "the padding id is taken to be 0 whatever pad_id is given, so with pad_id=1 the real "
             "token 0 is hidden and the padding is read",
             fixed_pad=0,
-            section=_CH5_PADDING,
+            section=MASKING["The padding mask"],
         ),
     )
 
@@ -92,7 +92,7 @@ _PADDING_MISTAKES = (
         "the mask is True at the padding (nn.MultiheadAttention's key_padding_mask convention); the package's "
         "masks are True where a token may be attended to, so True marks the real tokens",
         invert=True,
-        section=_CH5_CONVENTIONS,
+        section=MASKING["Two conventions: ours and `nn.MultiheadAttention`'s"],
     ),
     _padding_mistake(
         "missing_query_axis",
@@ -115,7 +115,7 @@ _PADDING_MISTAKES = (
         "attention inserts the heads axis itself",
         layout="heads",
     ),
-    *_shared_mistakes(_padding_mistake, _CH5_PADDING),
+    *_shared_mistakes(_padding_mistake, MASKING["The padding mask"]),
 )
 
 
@@ -163,7 +163,7 @@ _CAUSAL_MISTAKES = (
         "boolean masks; the package's masks are True where a query may attend",
         diagonal=1,
         upper=True,
-        section=_CH5_CONVENTIONS,
+        section=MASKING["Two conventions: ours and `nn.MultiheadAttention`'s"],
     ),
     _causal_mistake(
         "additive_float_mask",
@@ -171,7 +171,7 @@ _CAUSAL_MISTAKES = (
         "the mask is a float tensor of 0 and −∞ to be added to the scores (what "
         "nn.Transformer.generate_square_subsequent_mask returns); the package's masks are boolean, True = may attend",
         additive=True,
-        section=_CH5_CONVENTIONS,
+        section=MASKING["Two conventions: ours and `nn.MultiheadAttention`'s"],
     ),
     _causal_mistake(
         "one_future_token_visible",
@@ -256,7 +256,7 @@ _TARGET_MISTAKES = (
         "the padding hides the rows of the padding's queries instead of the columns of its keys, so "
         "a real token still reads the padding; padding_mask's (batch, 1, seq) hides keys",
         padding="queries",
-        section=_CH5_PADDING,
+        section=MASKING["The padding mask"],
     ),
     _target_mistake(
         "padding_queries_hidden_too",
@@ -264,7 +264,7 @@ _TARGET_MISTAKES = (
         "the padding's query rows are hidden as well as its keys: a padding query then has no key "
         "to read at all; only the keys need hiding, what a padding query computes is never used",
         padding="both",
-        section=_CH5_PADDING,
+        section=MASKING["The padding mask"],
     ),
     _target_mistake(
         "combined_with_or",
@@ -280,9 +280,11 @@ _TARGET_MISTAKES = (
         "masks are True where a query may attend",
         {"blocked": True},
         {"blocked": True, "combine": "or"},
-        section=_CH5_CONVENTIONS,
+        section=MASKING["Two conventions: ours and `nn.MultiheadAttention`'s"],
     ),
-    *_shared_mistakes(_target_mistake, _CH5_CONVENTIONS),
+    *_shared_mistakes(
+        _target_mistake, MASKING["Two conventions: ours and `nn.MultiheadAttention`'s"]
+    ),
 )
 
 
@@ -291,7 +293,7 @@ PARTS = (
         "padding_mask",
         padding_mask,
         "(tokens (batch, seq), pad_id=0) → (batch, 1, seq), True where a token is real",
-        _CH5_PADDING,
+        MASKING["The padding mask"],
         _padding_cases,
         run_function(("output",)),
         _PADDING_MISTAKES,
@@ -301,7 +303,7 @@ PARTS = (
         "causal_mask",
         causal_mask,
         "(size) → (1, size, size), True on and below the diagonal",
-        _CH5_CAUSAL,
+        MASKING["The causal (subsequent) mask"],
         _causal_cases,
         run_function(("output",)),
         _CAUSAL_MISTAKES,
@@ -313,7 +315,7 @@ PARTS = (
         target_mask,
         "(tokens (batch, seq), pad_id=0) → (batch, seq, seq), True where query i may read key j: "
         "j ≤ i and token j is real",
-        _CH5_BOTH,
+        MASKING["Both at once: the decoder's mask"],
         _target_cases,
         run_function(("output",)),
         _TARGET_MISTAKES,

@@ -24,7 +24,7 @@ from .engine import (
     run_function,
 )
 from .results import Mistake, mistake_maker
-from .sections import _CH5_PADDING, _CH6_LAYER, _CH6_SUBLAYER
+from .sections import ENCODER, MASKING
 
 
 class _FixedDropout:
@@ -311,7 +311,9 @@ def _layer_mistakes(mistake: Callable[..., Mistake]) -> tuple[Mistake, ...]:
     )
 
 
-_encoder_mistake = mistake_maker(_encoder_variant, _CH6_SUBLAYER)
+_encoder_mistake = mistake_maker(
+    _encoder_variant, ENCODER["The sublayer connection, two ways"]
+)
 
 _ENCODER_MISTAKES = (
     *_layer_mistakes(_encoder_mistake),
@@ -321,14 +323,14 @@ _ENCODER_MISTAKES = (
         "norm2 is used around the attention and norm1 around the feed-forward network; norm1 belongs to "
         "the first sublayer (self-attention), norm2 to the second",
         swap_norms=True,
-        section=_CH6_LAYER,
+        section=ENCODER["One encoder layer, step by step, with shapes"],
     ),
     _encoder_mistake(
         "mask_ignored",
         "called the self-attention without the mask",
         "the mask is not passed to the self-attention, so every query also reads the padding",
         use_mask=False,
-        section=_CH5_PADDING,
+        section=MASKING["The padding mask"],
     ),
     _encoder_mistake(
         "feed_forward_first",
@@ -336,7 +338,7 @@ _ENCODER_MISTAKES = (
         "the feed-forward network runs before the self-attention; a layer attends first, then transforms each position",
         {"ffn_first": "with_norms"},
         {"ffn_first": "in_place"},
-        section=_CH6_LAYER,
+        section=ENCODER["One encoder layer, step by step, with shapes"],
     ),
     _encoder_mistake(
         "normalised_residual",
@@ -375,7 +377,7 @@ PARTS = (
         "sublayer_connection",
         sublayer_connection,
         "(x, sublayer, norm, drop, norm_first) → the residual connection around sublayer",
-        _CH6_SUBLAYER,
+        ENCODER["The sublayer connection, two ways"],
         _sublayer_cases,
         run_function(("output",)),
         _SUBLAYER_MISTAKES,
@@ -386,7 +388,7 @@ PARTS = (
         EncoderLayer,
         "class (d_model, num_heads, d_ff, dropout=0.1, norm_first=False) with self_attn, feed_forward, "
         "norm1, norm2; forward(x, mask=None)",
-        _CH6_LAYER,
+        ENCODER["One encoder layer, step by step, with shapes"],
         _encoder_cases,
         _run_layer,
         _ENCODER_MISTAKES,

@@ -24,7 +24,7 @@ from .engine import (
     _random_state,
 )
 from .results import mistake_maker
-from .sections import _CH6_SUBLAYER, _CH7_CROSS, _CH7_LAYER, _CH7_MASKED
+from .sections import DECODER, ENCODER
 
 
 def _decoder_cases() -> list[Case]:
@@ -136,10 +136,14 @@ def _decoder_variant(
     return Variant
 
 
-_mistake = mistake_maker(_decoder_variant, _CH7_LAYER)
+_mistake = mistake_maker(
+    _decoder_variant, DECODER["7.2 One decoder layer, equation by equation"]
+)
 
 _DECODER_MISTAKES = (
-    *_layer_mistakes(mistake_maker(_decoder_variant, _CH6_SUBLAYER)),
+    *_layer_mistakes(
+        mistake_maker(_decoder_variant, ENCODER["The sublayer connection, two ways"])
+    ),
     _mistake(
         "norms_swapped",
         "used the three LayerNorms in another order",
@@ -156,7 +160,7 @@ _DECODER_MISTAKES = (
         "tgt_mask is not passed to the self-attention, so every target position also reads the "
         "positions after it",
         causal=False,
-        section=_CH7_MASKED,
+        section=DECODER["7.4 Masked self-attention and teacher forcing"],
     ),
     _mistake(
         "masks_swapped",
@@ -172,7 +176,7 @@ _DECODER_MISTAKES = (
         "the cross-attention takes its keys and values from the decoder's own states instead of the "
         "encoder's memory, so the layer never reads the source",
         cross_reads="itself",
-        section=_CH7_CROSS,
+        section=DECODER["7.3 Cross-attention: four queries, three keys"],
     ),
     _mistake(
         "sublayers_reordered",
@@ -188,7 +192,7 @@ _DECODER_MISTAKES = (
         "pre-norm passes the memory through the cross-attention's LayerNorm too; norm2 normalises "
         "the decoder's queries only, the memory is the encoder's output as it is",
         cross_reads="normalised memory",
-        section=_CH7_CROSS,
+        section=DECODER["7.3 Cross-attention: four queries, three keys"],
     ),
 )
 
@@ -199,7 +203,7 @@ PARTS = (
         DecoderLayer,
         "class (d_model, num_heads, d_ff, dropout=0.1, norm_first=False) with self_attn, cross_attn, "
         "feed_forward, norm1, norm2, norm3; forward(x, memory, *, src_mask=None, tgt_mask=None)",
-        _CH7_LAYER,
+        DECODER["7.2 One decoder layer, equation by equation"],
         _decoder_cases,
         _run_layer,
         _DECODER_MISTAKES,

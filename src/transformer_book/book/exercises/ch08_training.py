@@ -21,7 +21,7 @@ from .engine import (
     _signature_of,
 )
 from .results import mistake_maker
-from .sections import _CH8_FLOOR, _CH8_LOSS, _CH8_RATE, _CH8_TORCH
+from .sections import TRAINING
 
 
 def _smoothing_cases() -> list[Case]:
@@ -179,7 +179,7 @@ _SMOOTHING_MISTAKES = (
         "the target is PyTorch's label_smoothing= target, (1 − ε)·one-hot + ε/V over all V classes, padding "
         "included; the package's gives the right token 1 − ε, padding 0 and ε/(V − 2) to each other token",
         others="uniform",
-        section=_CH8_TORCH,
+        section=TRAINING["Checking against PyTorch"],
     ),
     _smoothing_mistake(
         "padding_positions_counted",
@@ -208,7 +208,7 @@ _SMOOTHING_MISTAKES = (
         "the loss is the KL divergence, lower than the cross-entropy by the entropy of the smoothed target: "
         "the same gradients, a different number, and a floor of 0 instead of that entropy",
         kl=True,
-        section=_CH8_FLOOR,
+        section=TRAINING["The floor of the loss"],
     ),
     _smoothing_mistake(
         "kl_divergence_summed",
@@ -218,7 +218,7 @@ _SMOOTHING_MISTAKES = (
         "target's entropy; the package's is the cross-entropy averaged over the real positions",
         kl=True,
         average="sum",
-        section=_CH8_FLOOR,
+        section=TRAINING["The floor of the loss"],
     ),
     _smoothing_mistake(
         "pad_id_ignored",
@@ -407,7 +407,7 @@ PARTS = (
         "LabelSmoothingLoss",
         LabelSmoothingLoss,
         "class (vocab_size, smoothing=0.1, pad_id=0); forward(logits, target) → the mean loss",
-        _CH8_LOSS,
+        TRAINING["8.2 The loss, with label smoothing"],
         _smoothing_cases,
         _run_smoothing,
         _SMOOTHING_MISTAKES,
@@ -417,7 +417,7 @@ PARTS = (
         "noam_rate",
         noam_rate,
         "(step, d_model, warmup, factor=1.0, total_steps=None) → the learning rate",
-        _CH8_RATE,
+        TRAINING["8.3 The learning rate: warm up, then decay"],
         _noam_cases,
         _run_noam,
         _NOAM_MISTAKES,

@@ -23,7 +23,7 @@ from .engine import (
     _signature_of,
 )
 from .results import Section, mistake_maker
-from .sections import _CH5_PADDING, _CH9_BEAM, _CH9_LOOP, _CH9_STOP
+from .sections import INFERENCE, MASKING
 
 
 class _Runaway(RuntimeError):
@@ -184,7 +184,7 @@ def _greedy_variant(
     return decode
 
 
-_greedy_mistake = mistake_maker(_greedy_variant, _CH9_STOP)
+_greedy_mistake = mistake_maker(_greedy_variant, INFERENCE["When does decoding stop?"])
 
 _GREEDY_MISTAKES = (
     _greedy_mistake(
@@ -206,7 +206,7 @@ _GREEDY_MISTAKES = (
         "returned the rows without BOS",
         "the result leaves out the BOS column; the package returns every row starting with bos_id",
         keep_bos=False,
-        section=_CH9_LOOP,
+        section=INFERENCE["9.2 The decoding loop, one step at a time"],
     ),
     _greedy_mistake(
         "max_len_off_by_one",
@@ -227,7 +227,7 @@ _GREEDY_MISTAKES = (
         "decoded without src_mask",
         "the decoder's cross-attention reads the source's padding: no src_mask is given to decode",
         hide_source_padding=False,
-        section=_CH5_PADDING,
+        section=MASKING["The padding mask"],
     ),
     _greedy_mistake(
         "reads_first_position",
@@ -235,7 +235,7 @@ _GREEDY_MISTAKES = (
         "the next token is read from the first position's output (hidden[:, 0]); it comes from the last "
         "position, hidden[:, -1]",
         position=0,
-        section=_CH9_LOOP,
+        section=INFERENCE["9.2 The decoding loop, one step at a time"],
     ),
 )
 
@@ -423,14 +423,14 @@ PARTS = (
         "greedy_decode",
         greedy_decode,
         "(model, src, max_tokens, bos_id, eos_id) → ids (batch, ≤ max_tokens), BOS first, padding after EOS",
-        _CH9_LOOP,
+        INFERENCE["9.2 The decoding loop, one step at a time"],
         _GREEDY_MISTAKES,
     ),
     _decoding_part(
         "beam_search",
         beam_search,
         "(model, src, max_tokens, bos_id, eos_id, beam_size=4, src_mask=None, alpha=0.6) → ids (batch, ≤ max_tokens)",
-        _CH9_BEAM,
+        INFERENCE["9.5 Greedy decoding against beam search"],
         _BEAM_MISTAKES,
     ),
 )

@@ -14,9 +14,8 @@ from collections.abc import Callable
 from tokenizers import Tokenizer, models, trainers
 
 from .engine import Case, Part, run_function
-from .results import Section, mistake_maker
-
-_CH11_BPE = Section("11_real_language", "11.3 A learned subword vocabulary")
+from .results import mistake_maker
+from .sections import REAL_LANGUAGE
 
 Words = dict[tuple[str, ...], int]
 
@@ -165,7 +164,7 @@ PARTS = (
         name="bpe_merge_step",
         reference=library_merge_step,
         summary="``(words)`` → ``(pair, new_words)``, one merge of byte-pair encoding",
-        section=_CH11_BPE,
+        section=REAL_LANGUAGE["11.3 A learned subword vocabulary"],
         cases=_cases,
         run=run_function(("pair", "words")),
         mistakes=_MISTAKES,

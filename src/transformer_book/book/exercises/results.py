@@ -47,9 +47,14 @@ class Section:
         return f"{where}, “{self.title}”"
 
 
-def page_sections(page: str, *titles: str) -> tuple[Section, ...]:
-    """The sections of one page of the book, by their headings' titles."""
-    return tuple(Section(page, title) for title in titles)
+@dataclass(frozen=True)
+class Page:
+    """A notebook ``name`` under ``chapters/``; ``page[title]`` is its section so headed."""
+
+    name: str
+
+    def __getitem__(self, title: str) -> Section:
+        return Section(self.name, title)
 
 
 def _errata_link(row: int) -> str:
