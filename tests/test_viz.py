@@ -56,7 +56,7 @@ def test_heatmap_titles_and_tooltips():
 
 def test_attention_layers_chart_menus_and_cropping():
     weights = torch.softmax(torch.randn(2, 3, 5), dim=-1)  # (heads, q_len, k_len)
-    one = viz.attention_heads_chart(weights, ["a", "b", "c"], list("vwxyz")).to_dict()
+    one = viz.attention_layers_chart([weights], ["a", "b", "c"], list("vwxyz")).to_dict()
     assert [p["name"] for p in one["params"]] == ["head"]
     assert len(one["datasets"][next(iter(one["datasets"]))]) == 2 * 3 * 5
     two = viz.attention_layers_chart(

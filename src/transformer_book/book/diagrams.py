@@ -456,9 +456,9 @@ def qkv_scores(n: int, d_model: int, d_k: int) -> Diagram:
     c.box(620, 115, 110, 40, "out", f"A·V  {n}×{d_k}")
     alt = (
         f"The {n} by {d_model} input X is multiplied by three weight matrices to give queries, keys and values, "
-        f"each {n} by {d_k}. Queries times transposed keys, divided by the square root of {d_k}, give an {n} by "
+        f"each {n} by {d_k}. Queries times transposed keys, divided by the square root of {d_k}, give the {n} by "
         f"{n} score matrix; a softmax over each row turns it into weights that sum to one, and the weights "
-        f"multiply the values to give an {n} by {d_k} output."
+        f"multiply the values to give the {n} by {d_k} output."
     )
     return c.render(750, 250, "Queries, keys, values and the score matrix", alt)
 
@@ -594,20 +594,15 @@ def residual_sublayer() -> Diagram:
 def three_attentions(n: int, m: int) -> Diagram:
     """Chapter 7: where queries, keys and values come from in the three attentions (source n, target m)."""
     c = Canvas()
+    # (attention, queries from, keys and values from, weights (q_len, k_len), mask)
     rows = [
-        ("encoder self-attention", "source", "source", f"{n}×{n}", "padding mask"),
-        (
-            "decoder masked self-attention",
-            "target",
-            "target",
-            f"{m}×{m}",
-            "causal mask",
-        ),
+        ("encoder self-attention", "source", "source", (n, n), "padding mask"),
+        ("decoder masked self-attention", "target", "target", (m, m), "causal mask"),
         (
             "cross-attention",
             "target",
             "memory (encoder output)",
-            f"{m}×{n}",
+            (m, n),
             "source padding mask",
         ),
     ]
@@ -615,27 +610,25 @@ def three_attentions(n: int, m: int) -> Diagram:
     c.text(300, 14, "queries from", "b")
     c.text(470, 14, "keys and values from", "b")
     c.text(640, 14, "weights", "b")
-    for k, (name, q, kv, shape, mask) in enumerate(rows):
+    # The alt text reads the same rows as the picture, one sentence each.
+    sentences = ["The three attentions of the model."]
+    for k, (name, q, kv, (q_len, k_len), mask) in enumerate(rows):
         y = 30 + k * 50
         c.box(10, y, 200, 36, "att", name)
         c.box(240, y, 120, 36, "emb" if q == "source" else "out", q)
-        c.box(
-            390,
-            y,
-            160,
-            36,
-            "emb" if kv == "source" else ("out" if kv == "target" else "ffn"),
-            kv,
-        )
-        c.text(640, y + 11, shape, "s b")
+        kv_kind = "emb" if kv == "source" else ("out" if kv == "target" else "ffn")
+        c.box(390, y, 160, 36, kv_kind, kv)
+        c.text(640, y + 11, f"{q_len}×{k_len}", "s b")
         c.text(640, y + 26, mask, "s")
-    alt = (
-        f"The three attentions of the model. Encoder self-attention: queries, keys and values from the source, "
-        f"weights {n} by {n}, padding mask. Decoder masked self-attention: all from the target, weights {m} by {m}, "
-        f"causal mask. Cross-attention: queries from the target, keys and values from the encoder's output, "
-        f"weights {m} by {n}, the source padding mask."
-    )
-    return c.render(720, 185, "The three attentions", alt)
+        inputs = (
+            f"queries, keys and values from the {q}"
+            if q == kv
+            else f"queries from the {q}, keys and values from the {kv}"
+        )
+        sentences.append(
+            f"{name.capitalize()}: {inputs}, weights {q_len} by {k_len}, {mask}."
+        )
+    return c.render(720, 185, "The three attentions", " ".join(sentences))
 
 
 def shifted_target(tokens: Sequence[str]) -> Diagram:

@@ -77,6 +77,33 @@ def matrix_frame(
     )
 
 
+def _cell_chart(
+    data: pd.DataFrame,
+    title: str,
+    x_title: str,
+    y_title: str,
+    color: alt.Color,
+    tooltip: list[alt.Tooltip],
+    width: int,
+    height: int,
+) -> alt.Chart:
+    """The cells of a :func:`matrix_frame` table as coloured rectangles, ``col`` across.
+
+    Rows and columns keep their order of first appearance (tokens, not alphabetical).
+    """
+    return (
+        alt.Chart(data, title=title)
+        .mark_rect()
+        .encode(
+            x=alt.X("col:N", sort=list(dict.fromkeys(data["col"])), title=x_title),
+            y=alt.Y("row:N", sort=list(dict.fromkeys(data["row"])), title=y_title),
+            color=color,
+            tooltip=tooltip,
+        )
+        .properties(width=width, height=height)
+    )
+
+
 def heatmap(
     matrix: Tensor,
     title: str,
@@ -94,43 +121,14 @@ def heatmap(
     Labelled axes keep the given order (tokens, not alphabetical); unlabelled
     ones are numeric indices.
     """
+    color = alt.Color("value:Q", title=value_title, scale=alt.Scale(scheme=scheme))
+    tooltip = [
+        alt.Tooltip("row:N", title=y_title),
+        alt.Tooltip("col:N", title=x_title),
+        alt.Tooltip("value:Q", title=value_title, format=".4f"),
+    ]
     data = matrix_frame(matrix, row_labels, col_labels)
-    x = alt.X("col:N", sort=list(dict.fromkeys(data["col"])), title=x_title)
-    y = alt.Y("row:N", sort=list(dict.fromkeys(data["row"])), title=y_title)
-    return (
-        alt.Chart(data, title=title)
-        .mark_rect()
-        .encode(
-            x=x,
-            y=y,
-            color=alt.Color(
-                "value:Q", title=value_title, scale=alt.Scale(scheme=scheme)
-            ),
-            tooltip=[
-                alt.Tooltip("row:N", title=y_title),
-                alt.Tooltip("col:N", title=x_title),
-                alt.Tooltip("value:Q", title=value_title, format=".4f"),
-            ],
-        )
-        .properties(width=width, height=height)
-    )
-
-
-def attention_heads_chart(
-    weights: Tensor,
-    query_labels: Sequence[str] | None = None,
-    key_labels: Sequence[str] | None = None,
-    title: str = "Attention weights",
-    width: int = 320,
-    height: int = 280,
-) -> alt.Chart:
-    """Attention weights ``(heads, q_len, k_len)`` as a heatmap with a head selector.
-
-    One row of the heatmap is one query; its cells (the keys) sum to 1.
-    """
-    return attention_layers_chart(
-        [weights], query_labels, key_labels, title, width=width, height=height
-    )
+    return _cell_chart(data, title, x_title, y_title, color, tooltip, width, height)
 
 
 def attention_layers_chart(
@@ -147,10 +145,11 @@ def attention_layers_chart(
 ) -> alt.Chart:
     """One heatmap of attention weights per layer and head, picked with a layer menu and a head slider.
 
-    ``weights_by_layer``: one tensor ``(heads, q_len, k_len)`` per layer (the menu appears
-    when there are several). Labels name the queries and keys; when given, the weights
-    are cut to ``(heads, len(query_labels), len(key_labels))``, so padded positions can be
-    left out. ``layer`` and ``head`` are the ones the chart opens on.
+    ``weights_by_layer``: one tensor ``(heads, q_len, k_len)`` per layer; the menu appears
+    when there are several (``[weights]``, a single layer, gets the head slider alone).
+    Labels name the queries and keys; when given, the weights are cut to
+    ``(heads, len(query_labels), len(key_labels))``, so padded positions can be left out.
+    ``layer`` and ``head`` are the ones the chart opens on.
     """
     if len(weights_by_layer) == 0:
         raise ValueError("weights_by_layer must hold at least one layer's weights")
@@ -191,28 +190,17 @@ def attention_layers_chart(
             [layer_param, head_param],
             (alt.datum.layer == layer_param) & keep,
         )
-    return (
-        alt.Chart(data, title=title)
-        .mark_rect()
-        .encode(
-            x=alt.X("col:N", sort=list(dict.fromkeys(data["col"])), title=x_title),
-            y=alt.Y("row:N", sort=list(dict.fromkeys(data["row"])), title=y_title),
-            color=alt.Color(
-                "value:Q",
-                title="weight",
-                scale=alt.Scale(scheme="blues", domain=[0, 1]),
-            ),
-            tooltip=[
-                alt.Tooltip("head:Q"),
-                alt.Tooltip("row:N", title="query"),
-                alt.Tooltip("col:N", title="key"),
-                alt.Tooltip("value:Q", title="weight", format=".3f"),
-            ],
-        )
-        .add_params(*params)
-        .transform_filter(keep)
-        .properties(width=width, height=height)
+    color = alt.Color(
+        "value:Q", title="weight", scale=alt.Scale(scheme="blues", domain=[0, 1])
     )
+    tooltip = [
+        alt.Tooltip("head:Q"),
+        alt.Tooltip("row:N", title="query"),
+        alt.Tooltip("col:N", title="key"),
+        alt.Tooltip("value:Q", title="weight", format=".3f"),
+    ]
+    chart = _cell_chart(data, title, x_title, y_title, color, tooltip, width, height)
+    return chart.add_params(*params).transform_filter(keep)
 
 
 def mask_plot(
