@@ -177,7 +177,7 @@ def test_dates_task_and_bf16_autocast_run_on_the_cpu(
 ) -> None:
     # two years of dates instead of a hundred keeps the vocabulary build quick
     monkeypatch.setattr(
-        transformer_book.recipes, "DateTask", lambda seed=0: DateTask(2000, 2001, held_out=50, seed=seed)
+        transformer_book.recipes, "DateTask", lambda seed=0: DateTask(range(2000, 2002), held_out=50, seed=seed)
     )
     records = run_here(
         ["--task", "dates", "--max-steps", "3", "--batch-size", "4", "--bf16", *TINY, "--out", str(tmp_path / "d.pt")],

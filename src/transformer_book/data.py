@@ -203,6 +203,23 @@ def _distinct_rows(
     return torch.tensor(rows, dtype=torch.long).reshape(count, length)
 
 
+def held_out_sizes(
+    held_out: int, validation: int | None, most: int, of: str
+) -> tuple[int, int]:
+    """The sizes of a task's test and validation sets, ``validation`` defaulting to
+    ``held_out``: a ``ValueError`` unless both are positive and together at most ``most``
+    of the ``of`` (what the task draws from), so that enough is left to train on."""
+    validation = held_out if validation is None else validation
+    check_positive(held_out, "held_out")
+    check_positive(validation, "validation")
+    if held_out + validation > most:
+        raise ValueError(
+            f"held_out={held_out} and validation={validation} take more than {most} "
+            f"of the {of}: too few would be left to train on"
+        )
+    return held_out, validation
+
+
 class CopyTask:
     """The copy task with fixed validation and test sets, shaped like :class:`DateTask`.
 
@@ -223,9 +240,6 @@ class CopyTask:
         seed: int = 0,
         validation: int | None = None,
     ) -> None:
-        validation = held_out if validation is None else validation
-        check_positive(held_out, "held_out")
-        check_positive(validation, "validation")
         check_positive(length, "length")
         if vocab_size < 3:
             raise ValueError(
@@ -237,12 +251,11 @@ class CopyTask:
                 f"vocab_size={vocab_size} and length={length}: a sequence must fit "
                 "one 64-bit integer (vocab_size ** length < 2 ** 63)"
             )
-        possible = (vocab_size - 1) ** (length - 1)
-        if 2 * (held_out + validation) > possible:
-            raise ValueError(
-                f"held_out={held_out} and validation={validation} leave too few "
-                f"of the {possible} possible sequences to train on"
-            )
+        possible = (vocab_size - 1) ** (length - 1)  # the first token is always 1
+        # At least half of the possible sequences are left to train on.
+        held_out, validation = held_out_sizes(
+            held_out, validation, possible // 2, f"{possible} possible sequences"
+        )
         self.vocab_size, self.length = vocab_size, length
         self.src_vocab_size = self.tgt_vocab_size = vocab_size
         generator = torch.Generator().manual_seed(seed)
@@ -337,7 +350,7 @@ def split_words(text: str) -> list[str]:
 class DateTask:
     """French dates to ISO dates, with fixed validation and test sets.
 
-    Every date from ``first_year`` to ``last_year`` is a candidate; a seeded shuffle
+    Every date of the ``years`` is a candidate; a seeded shuffle
     puts the first ``held_out`` aside as the test set and the next ``validation``
     (``held_out`` unless given) as the validation set, and training batches are
     drawn from the rest only. Source tokens are French words; target tokens are
@@ -346,24 +359,19 @@ class DateTask:
 
     def __init__(
         self,
-        first_year: int = 1950,
-        last_year: int = 2049,
+        years: range = range(1950, 2050),
         held_out: int = 1000,
         seed: int = 0,
         validation: int | None = None,
     ) -> None:
-        validation = held_out if validation is None else validation
-        if first_year > last_year:
-            raise ValueError(f"first_year={first_year} is after last_year={last_year}")
-        start, end = dt.date(first_year, 1, 1), dt.date(last_year, 12, 31)
+        if not isinstance(years, range) or years.step != 1 or len(years) == 0:
+            raise ValueError(f"years must be a range of whole years, got {years!r}")
+        start, end = dt.date(years[0], 1, 1), dt.date(years[-1], 12, 31)
         dates = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
-        check_positive(held_out, "held_out")
-        check_positive(validation, "validation")
-        if held_out + validation >= len(dates):
-            raise ValueError(
-                f"held_out={held_out} and validation={validation} leave no training "
-                f"dates of the {len(dates)}"
-            )
+        # At least one date is left to train on.
+        held_out, validation = held_out_sizes(
+            held_out, validation, len(dates) - 1, f"{len(dates)} dates"
+        )
         random.Random(seed).shuffle(dates)
         cut = held_out + validation
         self.test_dates = dates[:held_out]
