@@ -81,7 +81,7 @@ class StaticStep(nn.Module):
         """The cache, as ``model.decode`` takes it: views of the buffers, nothing copied."""
         layers = [
             tb.LayerCache(
-                tb.KVCache(getattr(self, f"self_key_{i}"), getattr(self, f"self_value_{i}")),
+                tb.KVCache(getattr(self, f"self_key_{i}"), getattr(self, f"self_value_{i}"), self.position),
                 tb.KVCache(getattr(self, f"cross_key_{i}"), getattr(self, f"cross_value_{i}")),
             )
             for i in range(len(self.model.decoder.layers))

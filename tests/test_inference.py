@@ -242,8 +242,9 @@ class TableModel(nn.Module):
 
     @staticmethod
     def new_cache(memory: torch.Tensor, capacity: int) -> tb.DecoderCache:
-        empty = tb.KVCache.allocate(memory.shape[0], 1, capacity, 1, like=memory)
-        return tb.DecoderCache([tb.LayerCache(empty, empty)], torch.zeros((), dtype=torch.long))
+        position = torch.zeros((), dtype=torch.long)
+        empty = tb.KVCache.allocate((memory.shape[0], 1, capacity, 1), memory, position)
+        return tb.DecoderCache([tb.LayerCache(empty, empty)], position)
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         return torch.zeros(src.shape[0], src.shape[1], 2)
@@ -251,7 +252,7 @@ class TableModel(nn.Module):
     def decode(self, memory, tgt, *, src_mask=None, tgt_mask=None, cache=None) -> torch.Tensor:
         assert cache is not None and tgt.shape[1] == 1
         fed = tgt[:, None, :, None].float()
-        tokens, _ = cache.layers[0].self_attn.write(fed, fed, cache.position)
+        tokens, _ = cache.layers[0].self_attn.write(fed, fed)
         cache.position += 1
         prefixes = [tuple(int(t) for t in row[0, 1 : int(cache.position), 0]) for row in tokens]
         return torch.stack([self.next_log_probs(prefix) for prefix in prefixes]).float()[:, None, :]

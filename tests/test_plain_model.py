@@ -262,12 +262,13 @@ def keys_values_are_the_projections_split_and_cached(ns):
     assert key.shape == value.shape == (2, 4, 5, 16)
     torch.testing.assert_close(key, project(attention.k_proj, x), **TOL)
     torch.testing.assert_close(value, project(attention.v_proj, 2 * x), **TOL)
-    cache = tb.KVCache.allocate(2, 4, 8, 16, like=x)  # decoding: 3 new positions written at slots 4, 5, 6
-    key, value = keys_values(attention, x[:, :3], 2 * x[:, :3], cache, torch.tensor(4))
+    cache = tb.KVCache.allocate((2, 4, 8, 16), x, torch.tensor(4))  # decoding: 3 new positions at slots 4, 5, 6
+    key, value = keys_values(attention, x[:, :3], 2 * x[:, :3], cache)
     assert key is cache.key and value is cache.value  # the whole buffers come back
     torch.testing.assert_close(value[:, :, 4:7], project(attention.v_proj, 2 * x[:, :3]), **TOL)
     assert not key[:, :, :4].any() and not key[:, :, 7:].any()  # the other slots are untouched
-    assert keys_values(attention, x, x, cache)[0] is cache.key  # cross-attention: read, not recomputed
+    cross = tb.KVCache(key, value)  # no position: cross-attention's, read, not recomputed
+    assert keys_values(attention, x, x, cross)[0] is cache.key
 
 
 @example("attention.MultiHeadAttention.forward")
@@ -344,13 +345,13 @@ def decoder_layer_is_nn_transformer_decoder_layer_cached_or_not(ns):
         assert out.shape == (2, 4, 64)
         torch.testing.assert_close(out, want, **TOL)
         cross = tb.KVCache(*layer.cross_attn.keys_values(memory, memory))
-        cache = tb.LayerCache(tb.KVCache.allocate(2, 4, 4, 16, like=x), cross)
+        position = torch.tensor(0)
+        cache = tb.LayerCache(tb.KVCache.allocate((2, 4, 4, 16), x, position), cross)
         for t in range(4):  # one position at a time: row t of the causal mask is the cache's slot mask
-            row, position = causal[None, t : t + 1], torch.tensor(t)
-            step = ns["forward"](
-                layer, x[:, t : t + 1], memory, src_mask=REAL, tgt_mask=row, cache=cache, position=position
-            )
+            row = causal[None, t : t + 1]
+            step = ns["forward"](layer, x[:, t : t + 1], memory, src_mask=REAL, tgt_mask=row, cache=cache)
             torch.testing.assert_close(step, want[:, t : t + 1], **TOL)
+            position += 1  # what Transformer.decode does after every layer has written
 
 
 @example("model.Transformer.__init__")

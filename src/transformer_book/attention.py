@@ -52,34 +52,37 @@ class KVCache:
 
     A *static* cache, as PyTorch and Hugging Face call it: its buffers never grow, so
     every decoding step has the same shapes (and can be compiled, or replayed as a CUDA
-    graph). Self-attention writes each step's new keys and values at ``position`` and
-    reads the whole buffer, its mask hiding the slots not written yet. Cross-attention's
-    cache holds the memory's keys and values, projected once before the first step.
+    graph). Self-attention's cache writes each step's new keys and values at
+    ``position``, a 0-d integer tensor (so the host never reads it) that every layer's
+    cache shares, and reads the whole buffer, its mask hiding the slots not written yet.
+    Cross-attention's cache has no ``position``: it holds the memory's keys and values,
+    projected once before the first step, and is only read.
     """
 
-    def __init__(self, key: Tensor, value: Tensor) -> None:
-        self.key, self.value = key, value
+    def __init__(
+        self, key: Tensor, value: Tensor, position: Tensor | None = None
+    ) -> None:
+        self.key, self.value, self.position = key, value, position
 
     @classmethod
     def allocate(
-        cls, batch: int, heads: int, capacity: int, d_head: int, like: Tensor
+        cls, shape: tuple[int, int, int, int], like: Tensor, position: Tensor
     ) -> KVCache:
-        """Empty buffers of ``capacity`` positions, on ``like``'s device and dtype."""
-        key = like.new_zeros(batch, heads, capacity, d_head)
-        return cls(key, torch.zeros_like(key))
+        """Empty buffers of ``shape`` ``(batch, heads, capacity, d_head)``, on ``like``'s
+        device and dtype, to be written from ``position`` on."""
+        key = like.new_zeros(shape)
+        return cls(key, torch.zeros_like(key), position)
 
     @property
     def capacity(self) -> int:
         """How many positions the buffers hold."""
         return self.key.shape[2]
 
-    def write(
-        self, key: Tensor, value: Tensor, position: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Store ``key``, ``value`` ``(batch, heads, new, d_head)`` at positions ``position,
-        position + 1, ...`` (``position`` a 0-d integer tensor, so the step's shapes never
-        change and the host never reads it); return the whole buffers."""
-        index = position + torch.arange(key.shape[2], device=key.device)
+    def write(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Store ``key``, ``value`` ``(batch, heads, new, d_head)`` at ``position,
+        position + 1, ...`` (the step's shapes never change); return the whole buffers.
+        The decoder moves ``position`` on once all its layers have written."""
+        index = self.position + torch.arange(key.shape[2], device=key.device)
         # In the buffers' dtype: under autocast the projections may come in bfloat16.
         self.key.index_copy_(2, index, key.to(self.key.dtype))
         self.value.index_copy_(2, index, value.to(self.value.dtype))
@@ -135,21 +138,17 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
     def keys_values(
-        self,
-        key: Tensor,
-        value: Tensor,
-        cache: KVCache | None = None,
-        position: Tensor | None = None,
+        self, key: Tensor, value: Tensor, cache: KVCache | None = None
     ) -> tuple[Tensor, Tensor]:
         """The heads' keys and values ``(B, heads, k_len, d_head)``, ``key`` and ``value``
         projected and split. In decoding, with a ``cache``: cross-attention reads the
-        memory's, projected once (no ``position``); self-attention writes this step's at
-        ``position`` and reads every slot."""
-        if cache is not None and position is None:
+        memory's, projected once (its cache has no ``position``); self-attention writes
+        this step's at the cache's ``position`` and reads every slot."""
+        if cache is not None and cache.position is None:
             return cache.key, cache.value
         k = self.split_heads(self.k_proj(key))
         v = self.split_heads(self.v_proj(value))
-        return (k, v) if cache is None else cache.write(k, v, position)
+        return (k, v) if cache is None else cache.write(k, v)
 
     def forward(
         self,
@@ -159,11 +158,10 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
-        position: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         check_heads_input(query, key, value, mask, self.d_model, self.num_heads, cache)
         q = self.split_heads(self.q_proj(query))  # (B, heads, q_len, d_head)
-        k, v = self.keys_values(key, value, cache, position)  # (B, heads, keys, d_head)
+        k, v = self.keys_values(key, value, cache)  # (B, heads, keys, d_head)
         mask = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
         p = self.dropout if self.training else 0.0
         if need_weights or self.record_weights:

@@ -25,7 +25,8 @@ class LayerCache:
 @dataclass(eq=False)
 class DecoderCache:
     """A decoder's KV cache: one :class:`LayerCache` per layer, and ``position``, a 0-d
-    integer tensor on the model's device that counts the positions written so far.
+    integer tensor on the model's device that counts the positions written so far (the
+    same tensor as each layer's ``self_attn.position``).
 
     Made by :meth:`Decoder.new_cache`; :meth:`~transformer_book.model.Transformer.decode`
     writes each step's positions and moves ``position`` on, on the device.
@@ -91,20 +92,17 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         cache: LayerCache | None = None,
-        position: Tensor | None = None,
     ) -> Tensor:
         """Masks by keyword only (``nn.TransformerDecoderLayer`` takes ``tgt_mask`` first:
         masks of one shape would swap silently). With ``cache``, ``x`` holds the new
-        positions, written into the cache from ``position`` on."""
+        positions, written into the cache from its ``position`` on."""
         check_features(x, "x", self.d_model)
         check_features(memory, "memory", self.d_model)
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
 
         def self_attention(h: Tensor) -> Tensor:  # the decoder's own past, masked
-            return self.self_attn(
-                h, h, h, tgt_mask, cache=self_cache, position=position
-            )[0]
+            return self.self_attn(h, h, h, tgt_mask, cache=self_cache)[0]
 
         def cross_attention(h: Tensor) -> Tensor:  # keys and values: the encoder's
             return self.cross_attn(h, memory, memory, src_mask, cache=cross_cache)[0]
@@ -131,15 +129,16 @@ class Decoder(nn.Module):
         attention = self.layers[0].self_attn
         check_features(memory, "memory", attention.d_model)
         check_positive(capacity, "capacity")
-        batch, heads, d_head = memory.shape[0], attention.num_heads, attention.d_head
+        shape = (memory.shape[0], attention.num_heads, capacity, attention.d_head)
+        # One counter for all layers: decode() moves it on once per step, for them all.
+        position = torch.zeros((), dtype=torch.long, device=memory.device)
         layers = [
             LayerCache(
-                KVCache.allocate(batch, heads, capacity, d_head, like=memory),
+                KVCache.allocate(shape, memory, position),
                 KVCache(*layer.cross_attn.keys_values(memory, memory)),
             )
             for layer in self.layers
         ]
-        position = torch.zeros((), dtype=torch.long, device=memory.device)
         return DecoderCache(layers, position)
 
     def forward(
@@ -159,9 +158,7 @@ class Decoder(nn.Module):
         """
         for index, layer in enumerate(self.layers):
             layer_cache = cache.layers[index] if cache is not None else None
-            position = cache.position if cache is not None else None
             x = layer(
-                x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=layer_cache,
-                position=position,
-            )  # fmt: skip
+                x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=layer_cache
+            )
         return self.norm(x)

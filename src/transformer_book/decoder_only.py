@@ -78,15 +78,11 @@ class DecoderOnlyLayers(nn.Module):
             )
         attention = self.layers[0].self_attn
         like = attention.q_proj.weight  # the buffers' device and dtype
-        layers = [
-            KVCache.allocate(
-                batch, attention.num_heads, length + capacity, attention.d_head, like
-            )
-            for _ in self.layers
-        ]
+        shape = (batch, attention.num_heads, length + capacity, attention.d_head)
+        position = torch.zeros((), dtype=torch.long, device=memory.device)
+        layers = [KVCache.allocate(shape, like, position) for _ in self.layers]
         target = torch.ones(batch, capacity, dtype=torch.bool, device=memory.device)
         visible = torch.cat([memory != self.pad_id, target], dim=1)[:, None]
-        position = torch.zeros((), dtype=torch.long, device=memory.device)
         return DecoderOnlyCache(layers, position, visible)
 
     def forward(
@@ -99,8 +95,8 @@ class DecoderOnlyLayers(nn.Module):
             if cache is None:
                 x = layer(x, mask)
                 continue
-            kv, at = cache.layers[index], cache.position  # EncoderLayer, cached
-            attend = lambda h: layer.self_attn(h, h, h, mask, cache=kv, position=at)[0]  # noqa: B023,E731
+            kv = cache.layers[index]  # EncoderLayer, cached
+            attend = lambda h: layer.self_attn(h, h, h, mask, cache=kv)[0]  # noqa: B023,E731
             x = sublayer_connection(
                 x, attend, layer.norm1, layer.drop1, layer.norm_first
             )
