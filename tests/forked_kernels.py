@@ -18,9 +18,11 @@ manager's signals (interrupt, terminate) to it, and exits when it exits. The for
 kernel exits if its launcher dies, so a kernel the manager kills does not linger.
 
 What the kernel sees is what a fresh ``python -m ipykernel_launcher`` sees: the
-notebook's folder as working directory and as ``sys.path[0]``, the manager's
+notebook's folder as working directory, the same ``sys.path``, the manager's
 environment, and ipykernel's inline plotting backend (set before matplotlib is
-imported, as ipykernel does it).
+imported, as ipykernel does it). A zygote that cannot import a library leaves its
+error in a file beside the socket, and every launcher fails at once with it: the
+notebooks are then not cached, and the build executes them in fresh kernels.
 """
 
 from __future__ import annotations
@@ -103,9 +105,14 @@ def serve(socket_path: Path) -> None:
     """The zygote: import the libraries, then fork a kernel for each request. Never returns."""
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     import importlib
+    import traceback
 
-    for name in PRELOAD:
-        importlib.import_module(name)
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except Exception:
+        socket_path.with_suffix(".failed").write_text(traceback.format_exc())
+        raise
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the system reaps the exited kernels
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     ready = socket_path.with_suffix(".binding")
@@ -160,10 +167,10 @@ def alive(pid: int) -> bool:
 
 def launch(socket_path: Path, argv: list[str], wait: float = 120.0) -> int:
     """The kernel spec's command: ask the zygote for a kernel and stand for it until it exits."""
-    deadline = time.monotonic() + wait
+    deadline, failed = time.monotonic() + wait, socket_path.with_suffix(".failed")
     while not socket_path.exists():  # the zygote is still importing
-        if time.monotonic() > deadline:
-            print(f"no zygote at {socket_path} after {wait:.0f}s", file=sys.stderr)
+        if failed.exists() or time.monotonic() > deadline:
+            print(f"no zygote at {socket_path}\n{failed.exists() and failed.read_text()}", file=sys.stderr)
             return 1
         time.sleep(0.05)
     request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "launcher": os.getpid()}
