@@ -104,12 +104,17 @@ def kernel_spec(folder: Path, socket_path: Path) -> Path:
 def serve(socket_path: Path) -> None:
     """The zygote: import the libraries, then fork a kernel for each request. Never returns."""
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    # Should an import ask whether there is a GPU, ask NVML: CUDA's own answer initialises
+    # the driver, and a forked child could then not use the GPU.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     import importlib
     import traceback
 
     try:
         for name in PRELOAD:
             importlib.import_module(name)
+        torch = sys.modules["torch"]
+        assert not torch.cuda.is_initialized(), "an import initialised CUDA: a fork could not use it"
     except Exception:
         socket_path.with_suffix(".failed").write_text(traceback.format_exc())
         raise
