@@ -39,7 +39,11 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 # Imported once here, before any fork: the children inherit them already loaded.
-# Nothing here computes with torch, so no thread pool exists yet when we fork.
+# Nothing here computes with torch, so no thread pool exists yet when we fork; and should
+# an import ask whether there is a GPU, NVML answers (CUDA's own answer initialises the
+# driver, which a forked child could not use). The sections run with the usual check.
+_NVML = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 import altair  # noqa: F401
 import matplotlib
 
@@ -59,6 +63,11 @@ from traitlets.config import Config  # noqa: E402
 import transformer_book  # noqa: F401,E402
 import transformer_book.book.diagrams  # noqa: F401,E402
 import transformer_book.book.viz  # noqa: F401,E402
+
+if _NVML is None:
+    del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+else:
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = _NVML
 
 
 def run_job(job: dict, results: Path) -> None:
