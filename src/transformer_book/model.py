@@ -29,16 +29,28 @@ class ModelConfig:
     False (two vocabularies need two tables), and :meth:`base` ties them as the paper did."""
 
     src_vocab_size: int
+    """Rows of the source embedding table."""
     tgt_vocab_size: int
+    """Rows of the target embedding table, and the width of the logits."""
     d_model: int = 512
+    """The width of every token's vector between the sublayers."""
     num_heads: int = 8
+    """Heads in each attention block; they divide ``d_model`` between them."""
     d_ff: int = 2048
+    """The inner width of each feed-forward network."""
     num_layers: int = 6
+    """Encoder layers, and as many decoder layers."""
     dropout: float = 0.1
+    """The rate of every dropout, on the embeddings plus positions, on the attention
+    weights, inside the feed-forward networks and on each sublayer's output."""
     max_len: int = 5000
+    """The longest source or target, the rows of the positional-encoding table."""
     norm_first: bool = False
+    """LayerNorm before each sublayer (pre-norm) instead of after the residual sum."""
     share_embeddings: bool = False
+    """One matrix for both embeddings and the output layer (needs one vocabulary)."""
     pad_id: int = 0
+    """The padding token's id, which the masks the model derives hide."""
 
     def __post_init__(self) -> None:
         c = self
