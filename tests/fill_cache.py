@@ -13,8 +13,9 @@ The test suite runs this before its book build (tests/conftest.py), the longest 
 first (``book_helpers.heaviest_first``), so two cores are busy where the build alone
 would use one. The kernels are forked from one process that has imported the chapters'
 libraries once (tests/forked_kernels.py): a fresh kernel would spend about four seconds
-of CPU on those imports for every chapter. ``--core-free FILE`` is created once no notebook is left to start and a
-worker has gone idle: the suite's sections run takes that core while the last ones finish.
+of CPU on those imports for every chapter. ``--core-free FILE`` is created once no
+notebook is left to start and a worker has gone idle: the suite's sections run takes
+that core while the last ones finish.
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ Why: a chapter's kernel spends about four CPU-seconds before its first line of c
 code runs: ipykernel starts, then the first cell imports torch, pandas, Altair, seaborn
 (with scipy) and the package. tests/fill_cache.py executes every chapter, so that is over
 a minute of CPU per test run, spent on the same imports. Here one process (the zygote)
-imports them once, with no thread pool started, and forks a kernel per notebook: every
-kernel starts as a copy of that pristine process, as tests/section_runner.py does for
-sections.
+imports them once (tests/preload.py) and forks a kernel per notebook: every kernel starts
+as a copy of that pristine process, as tests/section_runner.py does for sections.
 
 How: :func:`kernel_spec` writes a kernel spec whose command is ``launch``. The kernel
 manager (nbclient's) starts that small process as the kernel; it asks the zygote for a
@@ -36,28 +35,14 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-KERNEL_NAME = "python3-forked"
+from preload import import_libraries
 
-# The libraries the chapters import in their first cell, and what they pull in later
-# (torch.optim.Adam imports torch._dynamo: a second in every chapter that trains).
-PRELOAD = [
-    "ipykernel.kernelapp",
-    "ipykernel.ipkernel",
-    "altair",
-    "numpy",
-    "pandas",
-    "matplotlib.pyplot",
-    "seaborn",
-    "torch",
-    "torch._dynamo",
-    "transformer_book",
-    "transformer_book.book.diagrams",
-    "transformer_book.book.viz",
-]
+KERNEL_NAME = "python3-forked"
 
 
 @contextmanager
@@ -103,18 +88,11 @@ def kernel_spec(folder: Path, socket_path: Path) -> Path:
 
 def serve(socket_path: Path) -> None:
     """The zygote: import the libraries, then fork a kernel for each request. Never returns."""
-    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    # Should an import ask whether there is a GPU, ask NVML: CUDA's own answer initialises
-    # the driver, and a forked child could then not use the GPU.
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    import importlib
-    import traceback
-
-    try:
-        for name in PRELOAD:
-            importlib.import_module(name)
-        torch = sys.modules["torch"]
-        assert not torch.cuda.is_initialized(), "an import initialised CUDA: a fork could not use it"
+    try:  # the inline backend: what ipykernel sets before a notebook imports matplotlib
+        import_libraries(
+            "ipykernel.kernelapp", "ipykernel.ipkernel",
+            plots="module://matplotlib_inline.backend_inline",
+        )  # fmt: skip
     except Exception:
         socket_path.with_suffix(".failed").write_text(traceback.format_exc())
         raise

@@ -34,40 +34,16 @@ import time
 import traceback
 from pathlib import Path
 
+from preload import import_libraries  # noqa: E402 - before this folder leaves sys.path
+
 # Python put this script's folder (the repository's tests/) first on sys.path: a reader's
 # kernel has nothing of the repository there, so neither do the sections.
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 # Imported once here, before any fork: the children inherit them already loaded.
-# Nothing here computes with torch, so no thread pool exists yet when we fork; and should
-# an import ask whether there is a GPU, NVML answers (CUDA's own answer initialises the
-# driver, which a forked child could not use). The sections run with the usual check.
-_NVML = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
-os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-import altair  # noqa: F401
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot  # noqa: F401,E402
-import numpy  # noqa: F401,E402
-import pandas  # noqa: F401,E402
-import seaborn  # noqa: F401,E402 - with scipy.stats, a second per section if each child imported it
-import torch  # noqa: F401,E402
-
-if torch.distributed.is_available():  # torch.testing.assert_close's first call imports it: 0.7 s
-    import torch.distributed.tensor  # noqa: F401
-import torch._dynamo  # noqa: F401,E402 - torch.optim.Adam() imports it: 1 s in each section that trains
+import_libraries("IPython.core.interactiveshell", "traitlets.config", plots="Agg")
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from traitlets.config import Config  # noqa: E402
-
-import transformer_book  # noqa: F401,E402
-import transformer_book.book.diagrams  # noqa: F401,E402
-import transformer_book.book.viz  # noqa: F401,E402
-
-if _NVML is None:
-    del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
-else:
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = _NVML
 
 
 def run_job(job: dict, results: Path) -> None:

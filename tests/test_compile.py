@@ -70,7 +70,7 @@ def test_inductor_builds_the_evaluation_and_matches_eager(tmp_path, monkeypatch)
     if tb.compile_unavailable(torch.device("cpu")):
         pytest.fail(f"this machine should have a C++ compiler: {tb.compile_unavailable(torch.device('cpu'))}")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    model = small_model().eval()  # one layer a side: fewer kernels to build
+    model = small_model().eval()
     b = batch()
     with torch.no_grad():
         expected = model(b.src, b.tgt_in)

@@ -241,14 +241,14 @@ def export_onnx(trained: TrainedModel, folder: str | Path) -> OnnxExport:
         spec = json.loads((folder / TOKENIZER_FILE).read_text(encoding="utf-8"))
     else:
         _trace_into(trained, spec, folder)
-    if cached is not None and not cached.is_dir():  # whole or not at all: copy, rename
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        aside = Path(tempfile.mkdtemp(dir=cached.parent))
-        _copy_files(folder, aside)
-        try:
-            aside.rename(cached)
-        except OSError:  # another process has just cached it
-            shutil.rmtree(aside)
+        if cached is not None:  # whole or not at all: copy aside, then rename
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            aside = Path(tempfile.mkdtemp(dir=cached.parent))
+            _copy_files(folder, aside)
+            try:
+                aside.rename(cached)
+            except OSError:  # another process has just cached it
+                shutil.rmtree(aside)
     return OnnxExport(
         folder,
         folder / ENCODER_FILE,
