@@ -6,7 +6,8 @@ Four contenders (five or six with ``--loss-chunk``) compute the same function wi
 - ``plain``: the model the chapters teach, plain PyTorch (``nn.Linear``, ``nn.Dropout``,
   ``F.scaled_dot_product_attention``), run eagerly;
 - ``plain_compiled``: the same model compiled whole, ``tb.compile_model(model)``, that is
-  ``torch.compile(model, fullgraph=True)``;
+  ``torch.compile(model, fullgraph=True)`` (on a CPU with Inductor's ``fallback_random``, so
+  dropout draws eager's masks);
 - ``theirs``: PyTorch's ``nn.Transformer``, its encoder and decoder layers holding a copy of
   our weights, between embeddings, positional encoding and an output layer that are copies of
   ours (the baseline every ratio divides by);
@@ -38,6 +39,10 @@ achieved GFLOP/s is shown beside one large matrix product's (2048², ``a @ b``) 
 on a GPU the achieved FLOP/s over the device's peak dense bf16 FLOP/s is the MFU (model FLOPs
 utilisation). The peak comes from ``PEAK_BF16`` below, NVIDIA's datasheets, keyed by the name
 the device reports; ``--peak-tflops`` gives one for a device the table lacks.
+
+On a CPU the run also times one kind of store that a compiled training step makes slow:
+writing the mask ``h <= 0`` of one feed-forward activation, eager and compiled, as bool and as
+float (``mask_stores``).
 
 Defaults, per device:
 
@@ -85,7 +90,8 @@ from transformer_book.book.parity import to_pytorch
 #: What each name in the results stands for (written into the results file).
 CONTENDERS = {
     "plain": "the package's model as the chapters teach it, eager",
-    "plain_compiled": "the same model compiled whole: tb.compile_model(model) = torch.compile(model, fullgraph=True)",
+    "plain_compiled": "the same model compiled whole: tb.compile_model(model) = torch.compile(model, fullgraph=True), "
+    "on a CPU with options={'fallback_random': True}",
     "theirs": "torch.nn.Transformer holding the same weights, eager (the baseline of every ratio)",
     "theirs_compiled": "the same nn.Transformer under torch.compile",
     "plain_compiled_chunked": "plain_compiled's training step with the loss in chunks of positions (tb.chunked_loss)",
@@ -189,6 +195,23 @@ def matmul_flops(device: torch.device, bf16: bool, repeats: int, n: int | None =
 
 
 #: How the profile's operators are grouped: (group, the pieces of an operator's name that put it there).
+def mask_stores(device: torch.device, rows: int, width: int, repeats: int) -> dict:
+    """Milliseconds to write the mask ``h <= 0`` of a ``rows × width`` float tensor (what ReLU
+    keeps for its backward pass), eager and compiled, as bool (the dtype a training graph keeps)
+    and as float: on a CPU, Inductor's C++ writes bools far more slowly than eager does, and
+    a compiled training step writes one such mask per ReLU (appendix C)."""
+    h = torch.randn(rows, width, device=device)
+    fns = {"as_bool": lambda h: h <= 0, "as_float": lambda h: (h <= 0).float()}
+    result = {"elements": rows * width}
+    for name, fn in fns.items():
+        compiled = torch.compile(fn, fullgraph=True)
+        times = paired_ratios({"eager": lambda fn=fn: fn(h), "compiled": lambda c=compiled: c(h)}, "eager",
+                              device, repeats)  # fmt: skip
+        result[f"eager_{name}_ms"] = times["eager"]["seconds"] * 1e3
+        result[f"compiled_{name}_ms"] = times["compiled"]["seconds"] * 1e3
+    return result
+
+
 #: The first group with a piece in the name wins, so attention comes before the matrix products: cuDNN's
 #: attention kernels on an H100 are named ``cudnn_generated_fort_native_sdpa_sm90_flash_...``, which
 #: ``sm90_`` alone would put among the products (as it did in model_cuda.json before 2026-11-26's run).
@@ -370,6 +393,8 @@ def run(
         "tokens_per_step": tokens, "baseline": BASELINE, "matmul_gflops": matmul / 1e9,
         "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source, "rows": rows,
     }  # fmt: skip
+    if compiled and device.type == "cpu":
+        result["mask_stores"] = mask_stores(device, tokens, config.d_ff, 20 * repeats)
     if compiled and profile_ops:
         for name, key in PROFILES.items():
             if name in models:
@@ -429,6 +454,11 @@ def main() -> None:
                  for o in result[key]["ops"]],
             )  # fmt: skip
             print("by group: " + ", ".join(f"{g} {v:.0%}" for g, v in result[key]["groups"].items()))
+    if "mask_stores" in result:
+        m = result["mask_stores"]
+        print(f"writing the mask h <= 0 of {m['elements']:,} floats, ms: as bool {m['eager_as_bool_ms']:.2f} eager, "
+              f"{m['compiled_as_bool_ms']:.2f} compiled; as float {m['eager_as_float_ms']:.2f} eager, "
+              f"{m['compiled_as_float_ms']:.2f} compiled")  # fmt: skip
     if default_run or args.results:  # appendix C reads the default runs, and those it names
         name = args.results or ("model_cuda" if gpu else "model")
         write_results(name, {"title": title, "config": dataclasses.asdict(config), "contenders": CONTENDERS,

@@ -79,13 +79,23 @@ def compile_model(
 ) -> torch.nn.Module:
     """``torch.compile(module, fullgraph=True, **options)`` where kernels can be built for
     ``device`` (the module's, by default); elsewhere ``module`` itself, eager, with a warning
-    that says why. ``fullgraph=True``: a break in the graph is an error, not a silent slowdown."""
+    that says why. ``fullgraph=True``: a break in the graph is an error, not a silent slowdown.
+
+    On a CPU it also sets Inductor's ``fallback_random`` (``torch.compile``'s
+    ``options``, unless ``mode`` is given): dropout then draws its masks from PyTorch's own
+    generator, as eager does, and not from Inductor's Philox, which its C++ computes one
+    number at a time, more slowly. So a compiled training step on a CPU drops what the eager
+    step drops, seed for seed. On a GPU, Inductor draws them inside its fused kernels, the
+    faster way there, and other masks than eager's.
+    """
     if device is None:
         device = next(iter(module.parameters())).device
     reason = compile_unavailable(device)
     if reason is not None:
         warnings.warn(f"running eagerly: {reason}", stacklevel=2)
         return module
+    if device.type == "cpu" and "mode" not in options:
+        options["options"] = {"fallback_random": True, **options.get("options", {})}
     return torch.compile(module, **{"fullgraph": True, **options})
 
 
