@@ -194,7 +194,6 @@ def matmul_flops(device: torch.device, bf16: bool, repeats: int, n: int | None =
     return 2 * n**3 / min(first_call(lambda: a @ b, device) for _ in range(repeats + 2))
 
 
-#: How the profile's operators are grouped: (group, the pieces of an operator's name that put it there).
 def mask_stores(device: torch.device, rows: int, width: int, repeats: int) -> dict:
     """Milliseconds to write the mask ``h <= 0`` of a ``rows × width`` float tensor (what ReLU
     keeps for its backward pass), eager and compiled, as bool (the dtype a training graph keeps)
@@ -212,9 +211,10 @@ def mask_stores(device: torch.device, rows: int, width: int, repeats: int) -> di
     return result
 
 
+#: How the profile's operators are grouped: (group, the pieces of an operator's name that put it there).
 #: The first group with a piece in the name wins, so attention comes before the matrix products: cuDNN's
 #: attention kernels on an H100 are named ``cudnn_generated_fort_native_sdpa_sm90_flash_...``, which
-#: ``sm90_`` alone would put among the products (as it did in model_cuda.json before 2026-11-26's run).
+#: ``sm90_`` alone would put among the products (as in the model_cuda.json of 2026-11-26, run before this order).
 OP_GROUPS = [
     ("Inductor's fused kernels", ("CompiledFxGraph", "cpp_fused", "triton_")),
     ("attention kernels", ("scaled_dot_product", "sdpa", "flash", "efficient_attention", "fmha")),
