@@ -393,7 +393,7 @@ def run(
         "tokens_per_step": tokens, "baseline": BASELINE, "matmul_gflops": matmul / 1e9,
         "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source, "rows": rows,
     }  # fmt: skip
-    if compiled and device.type == "cpu":
+    if compiled and device.type == "cpu" and tb.compile_unavailable(device) is None:
         result["mask_stores"] = mask_stores(device, tokens, config.d_ff, 20 * repeats)
     if compiled and profile_ops:
         for name, key in PROFILES.items():
