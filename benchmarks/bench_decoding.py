@@ -8,11 +8,16 @@ same tokens (asserted before anything is timed):
 - ``no cache``: ``tb.greedy_decode(..., use_cache=False)``: each step runs the decoder over the
   whole prefix again, so the work grows with the square of the output length;
 - ``compiled``: the cached step compiled whole (``tb.compile_model``, ``fullgraph=True``; on a
-  GPU ``mode="reduce-overhead"``, which replays the step as a CUDA graph), driven by the loop
-  below under ``tb.trusted_ids()``. Its cache lives in the buffers of a module
-  (:class:`StaticStep`), because torch.compile takes a module's tensors to stay where they are,
-  as its parameters do, and a CUDA graph may write in place only into memory that stays put.
-  Its first call, the compilation, is timed on its own (``compile_s``).
+  GPU ``mode="reduce-overhead"``, which replays the step as a CUDA graph; on a CPU with
+  Inductor's ``cpp_wrapper``, which calls the step's kernels from C++ instead of Python, since a
+  batch-1 step is hundreds of small calls), driven by the loop below under
+  ``tb.trusted_ids()``. Its cache lives in the buffers of a module (:class:`StaticStep`),
+  because torch.compile takes a module's tensors to stay where they are, as its parameters do,
+  and a CUDA graph may write in place only into memory that stays put. Its first call, the
+  compilation, is timed on its own (``compile_s``);
+- ``compiled no cache``: the recomputing step compiled the same way (:class:`RecomputeStep`),
+  but with ``dynamic=True``, since its prefix grows by a token each step: one graph for every
+  length. Compiled against compiled, it measures what the cache buys a compiled decoder.
 
 The model is untrained, so EOS is made impossible (its logit bias set to -1e4) and every way
 decodes exactly the requested number of tokens. Each row reports milliseconds per generated
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import time
 
 import torch
@@ -53,6 +59,15 @@ from torch import nn
 import transformer_book as tb
 
 BOS, EOS = 1, 2
+
+
+def compile_options(device: torch.device, dynamic: bool) -> dict:
+    """``tb.compile_model``'s options for a decoding step: on a GPU a CUDA graph where the shapes
+    are fixed; on a CPU Inductor's C++ wrapper, which calls the kernels from C++ (a batch-1 step
+    is hundreds of small calls, and Python's wrapper costs about a quarter of it)."""
+    if device.type == "cuda":
+        return {"dynamic": dynamic} | ({} if dynamic else {"mode": "reduce-overhead"})
+    return {"dynamic": dynamic, "options": {"cpp_wrapper": True}}
 
 
 class StaticStep(nn.Module):
@@ -110,8 +125,7 @@ def compiled_decoder(model: tb.Transformer, batch: int, src_len: int, new: int):
     step = StaticStep(model, batch, src_len, new)
     gpu = device.type == "cuda"
     # dynamic=False: each capacity and batch gets kernels of its own, never a shape-generic one.
-    options = {"dynamic": False} | ({"mode": "reduce-overhead"} if gpu else {})
-    compiled = tb.compile_model(step, device, **options)
+    compiled = tb.compile_model(step, device, **compile_options(device, dynamic=False))
 
     @torch.inference_mode()
     def decode(src: torch.Tensor) -> torch.Tensor:
@@ -123,6 +137,39 @@ def compiled_decoder(model: tb.Transformer, batch: int, src_len: int, new: int):
                 if gpu:  # a new replay of the CUDA graph; the last one's output was copied into ys
                     torch.compiler.cudagraph_mark_step_begin()
                 ys[:, t] = compiled(ys[:, t - 1 : t])
+        return ys
+
+    return decode
+
+
+class RecomputeStep(nn.Module):
+    """One greedy decoding step without a cache: ``forward(memory, src_mask, prefix (batch, t))``
+    → the next token ``(batch,)``, the decoder run over the whole prefix again."""
+
+    def __init__(self, model: tb.Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, memory: torch.Tensor, src_mask: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.decode(memory, prefix, src_mask=src_mask)
+        return self.model.generator(hidden[:, -1]).argmax(-1)
+
+
+def compiled_recomputer(model: tb.Transformer):
+    """A greedy decoder without a cache on a compiled :class:`RecomputeStep`, one graph for every
+    prefix length (``dynamic=True``): ``decode(src, new)`` → ids ``(batch, new + 1)``."""
+    device = next(model.parameters()).device
+    compiled = tb.compile_model(RecomputeStep(model), device, **compile_options(device, dynamic=True))
+
+    @torch.inference_mode()
+    def decode(src: torch.Tensor, new: int) -> torch.Tensor:
+        ys = torch.full((src.shape[0], new + 1), model.config.pad_id, device=device)
+        ys[:, 0] = BOS
+        with tb.trusted_ids():
+            src_mask = tb.padding_mask(src, model.config.pad_id)
+            memory = model.encode(src, src_mask)
+            for t in range(1, new + 1):
+                ys[:, t] = compiled(memory, src_mask, ys[:, :t])
         return ys
 
     return decode
@@ -176,6 +223,7 @@ def run(
     generator = torch.Generator().manual_seed(0)
     src = torch.randint(3, config.src_vocab_size, (batch, src_len), generator=generator).to(device)
     rows = []
+    recompute = compiled_recomputer(model) if compiled else None  # one graph serves every length
     for new in new_tokens:
         fns = {
             "cache": lambda new=new: tb.greedy_decode(model, src, new + 1, BOS, EOS, use_cache=True),
@@ -192,6 +240,8 @@ def run(
             compile_s = time.perf_counter() - start
             assert torch.equal(first, cached), "the compiled step changed the tokens"
             fns["compiled"] = lambda decode=decode: decode(src)
+            assert torch.equal(recompute(src, new), cached), "the compiled recomputation changed the tokens"
+            fns["compiled no cache"] = lambda new=new: recompute(src, new)
         times = paired_ratios(fns, "cache", device, repeats)
         row = {
             "device": device.type, "batch": batch, "new_tokens": new,
@@ -203,13 +253,19 @@ def run(
             "speedup_max": times["no cache"]["ratio_max"], "identical": True,
         }  # fmt: skip
         if compiled:
-            t = times["compiled"]
+            t, t_no_cache = times["compiled"], times["compiled no cache"]
+            # compiled recomputation / compiled cache, within each round: what the cache buys compiled
+            ratios = [a / b for a, b in zip(t_no_cache["rounds"], t["rounds"], strict=True)]
             row |= {
                 "compiled_ms": t["seconds"] * 1e3, "compiled_ms_per_token": t["seconds"] * 1e3 / new,
                 # eager cache / compiled cache: what compiling the step buys
                 "compile_speedup": 1 / t["ratio"], "compile_speedup_min": 1 / t["ratio_max"],
                 "compile_speedup_max": 1 / t["ratio_min"], "compile_s": compile_s,
                 "compiled_vs_no_cache": times["no cache"]["seconds"] / t["seconds"],
+                "compiled_no_cache_ms": t_no_cache["seconds"] * 1e3,
+                "compiled_no_cache_ms_per_token": t_no_cache["seconds"] * 1e3 / new,
+                "compiled_speedup": statistics.median(ratios), "compiled_speedup_min": min(ratios),
+                "compiled_speedup_max": max(ratios),
             }  # fmt: skip
         rows.append(row)
     return rows
@@ -255,13 +311,16 @@ def main() -> None:
     size = "small" if args.small else "base"
     title = (f"{device.type}, {size} sizes, vocabulary {args.vocab}, float32, source {args.src_len} tokens, "
              f"{args.repeats} rounds of A B C C B A")  # fmt: skip
-    compiled = ["compiled ms/token", "compiled vs eager cache", "compile s"] if args.compiled else []
+    compiled = ["compiled ms/token", "compiled vs eager cache", "compile s", "compiled no cache ms/token",
+                "compiled cache speed-up (median, min-max)"] if args.compiled else []  # fmt: skip
     print_table(
         f"Greedy decoding, static KV cache vs recomputing the prefix — {title}\n{machine()}",
         ["batch", "new tokens", "no cache ms/token", "cache ms/token", "cache speed-up (median, min-max)", *compiled],
         [[r["batch"], r["new_tokens"], f"{r['no_cache_ms_per_token']:.2f}", f"{r['cache_ms_per_token']:.2f}",
           f"{r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})",
-          *([f"{r['compiled_ms_per_token']:.2f}", f"{r['compile_speedup']:.2f}x", f"{r['compile_s']:.1f}"]
+          *([f"{r['compiled_ms_per_token']:.2f}", f"{r['compile_speedup']:.2f}x", f"{r['compile_s']:.1f}",
+             f"{r['compiled_no_cache_ms_per_token']:.2f}",
+             f"{r['compiled_speedup']:.2f}x ({r['compiled_speedup_min']:.2f}-{r['compiled_speedup_max']:.2f})"]
             if args.compiled else [])] for r in rows],
     )  # fmt: skip
     print(

@@ -101,9 +101,10 @@ def paired_ratios(
     """Time ``fns`` in rounds, in order and then in reverse (A B C C B A), after one untimed
     call each, so a drift of the machine's load and the order itself hit all alike.
 
-    Returns, per name, ``seconds`` (the median over rounds of its mean time in the round) and
+    Returns, per name, ``seconds`` (the median over rounds of its mean time in the round),
     ``ratio``, ``ratio_min``, ``ratio_max``: the median, lowest and highest over rounds of its
-    time over ``baseline``'s in the same round (1 for the baseline itself).
+    time over ``baseline``'s in the same round (1 for the baseline itself), and ``rounds``: its
+    time in each round, for ratios between two other names.
     """
     for fn in fns.values():
         fn()
@@ -123,7 +124,7 @@ def paired_ratios(
     for name, seconds in times.items():
         ratios = [mine / base for mine, base in zip(seconds, times[baseline], strict=True)]
         result[name] = {"seconds": statistics.median(seconds), "ratio": statistics.median(ratios),
-                        "ratio_min": min(ratios), "ratio_max": max(ratios)}  # fmt: skip
+                        "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": seconds}  # fmt: skip
     return result
 
 
