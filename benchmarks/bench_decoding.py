@@ -1,7 +1,7 @@
 """Greedy decoding with the static KV cache and by recomputing the prefix, and beam search.
 
-The model the chapters teach, eager, decodes the same source three ways, which must give the
-same tokens (asserted before anything is timed):
+The model the chapters teach decodes the same source four ways, which must give the same
+tokens (asserted before anything is timed):
 
 - ``cache``: ``tb.greedy_decode(..., use_cache=True)``: each step feeds only the newest token
   and reads the keys and values of the earlier ones from the static cache;
@@ -15,9 +15,10 @@ same tokens (asserted before anything is timed):
   because torch.compile takes a module's tensors to stay where they are, as its parameters do,
   and a CUDA graph may write in place only into memory that stays put. Its first call, the
   compilation, is timed on its own (``compile_s``);
-- ``compiled no cache``: the recomputing step compiled the same way (:class:`RecomputeStep`),
-  but with ``dynamic=True``, since its prefix grows by a token each step: one graph for every
-  length. Compiled against compiled, it measures what the cache buys a compiled decoder.
+- ``compiled no cache``: the recomputing step compiled (:class:`RecomputeStep`), with
+  ``dynamic=True``, since its prefix grows by a token each step: one graph for every length
+  (on a CPU with ``cpp_wrapper`` too; on a GPU without CUDA graphs, which would record one
+  graph per length). Against ``compiled``, it measures what the cache buys a compiled decoder.
 
 The model is untrained, so EOS is made impossible (its logit bias set to -1e4) and every way
 decodes exactly the requested number of tokens. Each row reports milliseconds per generated
