@@ -119,26 +119,37 @@ class StaticStep(nn.Module):
         return self.model.generator(hidden[:, -1]).argmax(-1)
 
 
+def greedy_ids(model: tb.Transformer, batch: int, new: int, next_token) -> torch.Tensor:
+    """ids ``(batch, new + 1)``: BOS, then ``next_token(ys, t)`` → ``(batch,)`` for each of the
+    ``new`` positions ``t``, under ``tb.trusted_ids()`` (the ids are the model's own: never read
+    back for a range check). What ``tb.greedy_decode`` gives when no row ends early."""
+    device = next(model.parameters()).device
+    ys = torch.full((batch, new + 1), model.config.pad_id, device=device)
+    ys[:, 0] = BOS
+    with tb.trusted_ids():
+        for t in range(1, new + 1):
+            ys[:, t] = next_token(ys, t)
+    return ys
+
+
 def compiled_decoder(model: tb.Transformer, batch: int, src_len: int, new: int):
     """A greedy decoder for ``new`` tokens on a compiled :class:`StaticStep`: ``decode(src)`` →
-    ids ``(batch, new + 1)``, as ``tb.greedy_decode`` gives them when no row ends early."""
+    ids ``(batch, new + 1)``."""
     device = next(model.parameters()).device
     step = StaticStep(model, batch, src_len, new)
-    gpu = device.type == "cuda"
     # dynamic=False: each capacity and batch gets kernels of its own, never a shape-generic one.
     compiled = tb.compile_model(step, device, **compile_options(device, dynamic=False))
 
+    def next_token(ys: torch.Tensor, t: int) -> torch.Tensor:
+        if device.type == "cuda":  # a new replay of the CUDA graph; the last one's output is in ys
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled(ys[:, t - 1 : t])
+
     @torch.inference_mode()
     def decode(src: torch.Tensor) -> torch.Tensor:
-        ys = torch.full((batch, new + 1), model.config.pad_id, device=device)
-        ys[:, 0] = BOS
-        with tb.trusted_ids():  # the ids are the model's own: never read back for a range check
+        with tb.trusted_ids():
             step.start(src)
-            for t in range(1, new + 1):
-                if gpu:  # a new replay of the CUDA graph; the last one's output was copied into ys
-                    torch.compiler.cudagraph_mark_step_begin()
-                ys[:, t] = compiled(ys[:, t - 1 : t])
-        return ys
+        return greedy_ids(model, batch, new, next_token)
 
     return decode
 
@@ -164,14 +175,10 @@ def compiled_recomputer(model: tb.Transformer):
 
     @torch.inference_mode()
     def decode(src: torch.Tensor, new: int) -> torch.Tensor:
-        ys = torch.full((src.shape[0], new + 1), model.config.pad_id, device=device)
-        ys[:, 0] = BOS
+        src_mask = tb.padding_mask(src, model.config.pad_id)
         with tb.trusted_ids():
-            src_mask = tb.padding_mask(src, model.config.pad_id)
             memory = model.encode(src, src_mask)
-            for t in range(1, new + 1):
-                ys[:, t] = compiled(memory, src_mask, ys[:, :t])
-        return ys
+        return greedy_ids(model, src.shape[0], new, lambda ys, t: compiled(memory, src_mask, ys[:, :t]))
 
     return decode
 
