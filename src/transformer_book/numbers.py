@@ -269,14 +269,19 @@ class NumberTask:
     def encode(self, numbers: Sequence[int]) -> tuple[Tensor, Tensor]:
         """Source ids ``(n, src_len)`` (words, ``<eos>``) and target ids
         ``(n, tgt_len)`` (``<bos>``, pieces, ``<eos>``), padded with 0."""
-        src = torch.zeros(len(numbers), self.src_len, dtype=torch.long)
-        tgt = torch.zeros(len(numbers), self.tgt_len, dtype=torch.long)
+        sources = [
+            self.src_vocab.encode(english_words(n)) + [self.eos_id] for n in numbers
+        ]
         encoded = self.tokenizer.encode_batch([german_words(n) for n in numbers])
-        for row, (n, e) in enumerate(zip(numbers, encoded)):
-            s = self.src_vocab.encode(english_words(n)) + [self.eos_id]
-            t = [self.bos_id, *e.ids, self.eos_id]
-            src[row, : len(s)], tgt[row, : len(t)] = torch.tensor(s), torch.tensor(t)
-        return src, tgt
+        targets = [[self.bos_id, *e.ids, self.eos_id] for e in encoded]
+        # Padded as lists, then one tensor each: a tensor per row would cost more than
+        # the rows themselves (a training batch is 128 short rows).
+        return self._padded(sources, self.src_len), self._padded(targets, self.tgt_len)
+
+    def _padded(self, rows: list[list[int]], length: int) -> Tensor:
+        """``(len(rows), length)`` ids: each row, then ``pad_id`` up to ``length``."""
+        padded = [row + [self.pad_id] * (length - len(row)) for row in rows]
+        return torch.tensor(padded, dtype=torch.long).view(len(rows), length)
 
     def train_batch(
         self, batch_size: int, rng: random.Random, uniform: bool = False
