@@ -30,14 +30,20 @@ class DecoderOnlyCache:
     :class:`~transformer_book.attention.KVCache` per layer, of ``capacity`` =
     source length + target positions; ``position``, a 0-d integer tensor,
     counts the positions written; ``visible (batch, 1, capacity)`` is False on
-    the source's padding. The source is written with the first step
-    (``filled`` says whether it has been: a fact of the host, so no step asks
-    the device)."""
+    every slot that holds padding, as the whole sequence's mask hides it. The
+    source is written with the first step (``filled`` says whether it has been:
+    a fact of the host, so no step asks the device)."""
 
     layers: list[KVCache]
     position: Tensor
     visible: Tensor
     filled: bool = False
+
+    def write_visible(self, tokens: Tensor, pad_id: int) -> None:
+        """Mark the slots of ``tokens (batch, new)``, from ``position`` on, visible
+        where they are not padding (a model may pick the padding id as a word)."""
+        slots = self.position + torch.arange(tokens.shape[1], device=tokens.device)
+        self.visible.index_copy_(2, slots, (tokens != pad_id)[:, None])
 
     def slot_mask(self, new: int) -> Tensor:
         """``(batch, new, capacity)``: each of the ``new`` positions from
@@ -81,8 +87,10 @@ class DecoderOnlyLayers(nn.Module):
         shape = (batch, attention.num_heads, length + capacity, attention.d_head)
         position = torch.zeros((), dtype=torch.long, device=memory.device)
         layers = [KVCache.allocate(shape, like, position) for _ in self.layers]
-        target = torch.ones(batch, capacity, dtype=torch.bool, device=memory.device)
-        visible = torch.cat([memory != self.pad_id, target], dim=1)[:, None]
+        # Each step marks its own slots (the first, the source's too): write_visible.
+        visible = torch.ones(
+            batch, 1, length + capacity, dtype=torch.bool, device=memory.device
+        )
         return DecoderOnlyCache(layers, position, visible)
 
     def forward(
@@ -140,6 +148,7 @@ class DecoderOnly(nn.Module):
             x = self.positional(self.embed(tokens))
             return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
         x = self.positional(self.embed(tokens), offset=cache.position)
+        cache.write_visible(tokens, self.config.pad_id)
         hidden = self.decoder(x, cache.slot_mask(tokens.shape[1]), cache)
         cache.position += tokens.shape[1]  # on the device: the host never reads it
         cache.filled = True
