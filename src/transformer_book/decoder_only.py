@@ -19,7 +19,7 @@ from .checks import check_positive, check_tokens
 from .embedding import TokenEmbedding
 from .encoder import EncoderLayer
 from .layers import sublayer_connection
-from .masking import target_mask
+from .masking import padding_mask, target_mask
 from .model import ModelConfig
 from .positional import PositionalEncoding
 
@@ -41,9 +41,10 @@ class DecoderOnlyCache:
 
     def write_visible(self, tokens: Tensor, pad_id: int) -> None:
         """Mark the slots of ``tokens (batch, new)``, from ``position`` on, visible
-        where they are not padding (a model may pick the padding id as a word)."""
+        where :func:`padding_mask` shows them, as the whole sequence's mask does (a
+        model may pick the padding id as a word)."""
         slots = self.position + torch.arange(tokens.shape[1], device=tokens.device)
-        self.visible.index_copy_(2, slots, (tokens != pad_id)[:, None])
+        self.visible.index_copy_(2, slots, padding_mask(tokens, pad_id))
 
     def slot_mask(self, new: int) -> Tensor:
         """``(batch, new, capacity)``: each of the ``new`` positions from
