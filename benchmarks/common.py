@@ -26,7 +26,8 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    parts = [f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"]
+    threads = torch.get_num_threads()
+    parts = [f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({threads} thread{'s' if threads > 1 else ''})"]
     if torch.cuda.is_available():
         driver = cuda_driver()
         parts.append(f"GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda}, driver {driver or 'unknown'})")
