@@ -12,6 +12,9 @@ Four contenders (five or six with ``--loss-chunk``) compute the same function wi
   our weights, between embeddings, positional encoding and an output layer that are copies of
   ours (the baseline every ratio divides by);
 - ``theirs_compiled``: the same ``nn.Transformer`` under ``torch.compile``;
+- ``plain_scalar_compiled`` (on a CPU): ``plain_compiled`` with Inductor's scalar C++
+  (``options={"cpp.simdlen": 1}``): loops of plain floats, without ATen's vector types, which
+  write bool masks as fast as eager does (``mask_stores``) and everything else more slowly;
 - ``plain_compiled_chunked`` (with ``--loss-chunk``, on by default on a GPU): the training
   step of ``plain_compiled`` with the loss computed in chunks of positions,
   ``tb.chunked_loss``, so that the whole batch's logits never exist at once; the encoder,
@@ -42,7 +45,7 @@ the device reports; ``--peak-tflops`` gives one for a device the table lacks.
 
 On a CPU the run also times one kind of store that a compiled training step makes slow:
 writing the mask ``h <= 0`` of one feed-forward activation, eager and compiled, as bool and as
-float (``mask_stores``).
+float, and as bool by Inductor's scalar C++ (``mask_stores``).
 
 Defaults, per device:
 
@@ -94,11 +97,15 @@ CONTENDERS = {
     "on a CPU with options={'fallback_random': True}",
     "theirs": "torch.nn.Transformer holding the same weights, eager (the baseline of every ratio)",
     "theirs_compiled": "the same nn.Transformer under torch.compile",
+    "plain_scalar_compiled": "plain_compiled with Inductor's scalar C++: options={'cpp.simdlen': 1} (a CPU only)",
     "plain_compiled_chunked": "plain_compiled's training step with the loss in chunks of positions (tb.chunked_loss)",
     "plain_compiled_chunked_graphs": "plain_compiled_chunked compiled with mode='reduce-overhead' (CUDA graphs)",
 }
 CHUNKED = "plain_compiled_chunked"
 GRAPHS = "plain_compiled_chunked_graphs"
+SCALAR = "plain_scalar_compiled"
+#: Inductor's option for scalar C++ loops (no at::vec types): a vector of one number.
+SCALAR_OPTIONS = {"cpp.simdlen": 1}
 BASELINE = "theirs"
 # The results file's key for the profile of each contender's training step (those timed).
 PROFILES = {"plain_compiled": "profile", "plain": "profile_eager", CHUNKED: "profile_chunked",
@@ -163,6 +170,8 @@ def contenders(plain: tb.Transformer, compiled: bool = True) -> dict[str, nn.Mod
     models = {"plain": plain, "theirs": theirs}
     if compiled:
         models["plain_compiled"] = tb.compile_model(copy.deepcopy(plain), device)
+        if device.type == "cpu":
+            models[SCALAR] = tb.compile_model(copy.deepcopy(plain), device, options=SCALAR_OPTIONS)
         # fullgraph too: a graph break in nn.Transformer would be an error here, not a slowdown.
         models["theirs_compiled"] = tb.compile_model(copy.deepcopy(theirs), device)
     return {name: models[name] for name in CONTENDERS if name in models}
@@ -197,13 +206,15 @@ def matmul_flops(device: torch.device, bf16: bool, repeats: int, n: int | None =
 def mask_stores(device: torch.device, rows: int, width: int, repeats: int) -> dict:
     """Milliseconds to write the mask ``h <= 0`` of a ``rows × width`` float tensor (what ReLU
     keeps for its backward pass), eager and compiled, as bool (the dtype a training graph keeps)
-    and as float: on a CPU, Inductor's C++ writes bools far more slowly than eager does, and
-    a compiled training step writes one such mask per ReLU (appendix C)."""
+    and as float: on a CPU, Inductor's vectorised C++ writes bools far more slowly than eager
+    does, and a compiled training step writes one such mask per ReLU (appendix C). Also as bool
+    by Inductor's scalar C++ (``scalar_as_bool``), the same comparison without vector types."""
     h = torch.randn(rows, width, device=device)
-    fns = {"as_bool": lambda h: h <= 0, "as_float": lambda h: (h <= 0).float()}
+    fns = {"as_bool": lambda h: h <= 0, "as_float": lambda h: (h <= 0).float(), "scalar_as_bool": lambda h: h <= 0}
     result = {"elements": rows * width}
     for name, fn in fns.items():
-        compiled = torch.compile(fn, fullgraph=True)
+        options = SCALAR_OPTIONS if name.startswith("scalar") else None  # a lambda of its own: its own graph
+        compiled = torch.compile(fn, fullgraph=True, options=options)
         times = paired_ratios({"eager": lambda fn=fn: fn(h), "compiled": lambda c=compiled: c(h)}, "eager",
                               device, repeats)  # fmt: skip
         result[f"eager_{name}_ms"] = times["eager"]["seconds"] * 1e3
@@ -457,8 +468,8 @@ def main() -> None:
     if "mask_stores" in result:
         m = result["mask_stores"]
         print(f"writing the mask h <= 0 of {m['elements']:,} floats, ms: as bool {m['eager_as_bool_ms']:.2f} eager, "
-              f"{m['compiled_as_bool_ms']:.2f} compiled; as float {m['eager_as_float_ms']:.2f} eager, "
-              f"{m['compiled_as_float_ms']:.2f} compiled")  # fmt: skip
+              f"{m['compiled_as_bool_ms']:.2f} compiled, {m['compiled_scalar_as_bool_ms']:.2f} compiled scalar; "
+              f"as float {m['eager_as_float_ms']:.2f} eager, {m['compiled_as_float_ms']:.2f} compiled")  # fmt: skip
     if default_run or args.results:  # appendix C reads the default runs, and those it names
         name = args.results or ("model_cuda" if gpu else "model")
         write_results(name, {"title": title, "config": dataclasses.asdict(config), "contenders": CONTENDERS,
