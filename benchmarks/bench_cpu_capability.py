@@ -25,8 +25,9 @@ set is AVX-512 runs it and AVX2; any other runs its default alone.
     python benchmarks/bench_cpu_capability.py             # about four minutes on a 2-core CPU
     python benchmarks/bench_cpu_capability.py --rounds 1
 
-Writes ``benchmarks/results/cpu_capability.json``, which appendix C renders (a CPU without AVX-512,
-which runs one kernel set, writes ``cpu_capability_<set>.json``, which no page reads).
+A run with the default options writes ``benchmarks/results/cpu_capability.json``, which appendix C
+renders (a CPU without AVX-512, which runs one kernel set, writes ``cpu_capability_<set>.json``,
+which no page reads); a shorter run only prints its tables.
 """
 
 from __future__ import annotations
@@ -111,8 +112,7 @@ def recipe_steps(name: str, steps: int, warmup: int) -> dict:
 
 def measure(lengths: tuple[int, ...], values: int, min_run_time: float, recipes: list[str], steps: int,
             warmup: int) -> dict:  # fmt: skip
-    """All of one kernel set's measurements, in this process, on one thread."""
-    torch.set_num_threads(1)
+    """All of one kernel set's measurements, in this process (a run's has one thread)."""
     return {
         "capability": torch.backends.cpu.get_cpu_capability(),
         "softmax": softmax_costs(lengths, values, min_run_time),
@@ -193,6 +193,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        torch.set_num_threads(1)
         return print(json.dumps(measure(tuple(args.lengths), args.values, args.min_run_time, args.recipes,
                                         args.steps, args.warmup)))  # fmt: skip
 
@@ -211,6 +212,8 @@ def main() -> None:
     result = summarise(runs) | {"values": args.values}
     torch.set_num_threads(1)  # as in the runs: the results file's machine line names one thread
     report(result)
+    if vars(args) != vars(parser.parse_args([])):
+        return print("\nnot written: only a run with the default options writes the results file")
     # The appendix compares two kernel sets: a CPU with one writes a file of its own.
     write_results("cpu_capability" if len(sets) > 1 else f"cpu_capability_{default.lower()}", result)
 
