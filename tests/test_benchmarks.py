@@ -36,22 +36,20 @@ def test_a_short_run_keeps_the_baseline_and_the_model_that_counts_the_work(evalu
 
 def test_the_cpu_capability_bookkeeping_on_this_process_kernels():
     """bench_cpu_capability's measurements and summary, at a tiny size in this process: the row
-    lengths and recipes asked for, each recipe's own row length and vocabulary, the operators that
-    work along rows found in the profile, and a kernel set's ratio to itself of exactly 1."""
+    lengths asked for, the recipe's own row length and vocabulary, the operators that work along
+    rows found in the profile (dates drops attention weights, so it runs the plain softmax), and
+    a kernel set's ratio to itself of exactly 1. (The copy recipe's fused attention is asserted
+    by appendix C from the results file.)"""
     import bench_cpu_capability as bench
 
-    one = bench.measure((4, 16), 512, 0.01, ["copy", "dates"], steps=1, warmup=0)
+    one = bench.measure((4, 16), 512, 0.01, ["dates"], steps=1, warmup=0)
     assert one["capability"] == torch.backends.cpu.get_cpu_capability()
     assert [row["length"] for row in one["softmax"]] == [4, 16]
     assert all(row[cost] > 0 for row in one["softmax"] for cost in bench.COSTS)
     result = bench.summarise({one["capability"]: [one, one]})
     assert result["sets"] == [one["capability"]] and result["rounds"] == 2
-    for name, recipe in result["recipes"].items():
-        task = tb.recipe(name).make_task(0)
-        assert recipe["vocab"] == task.tgt_vocab_size and recipe["dropout"] == tb.recipe(name).dropout
-        mine = recipe[one["capability"]]
-        assert mine["ratio"] == mine["ratio_min"] == mine["ratio_max"] == 1.0
-        assert 0 < mine["row_ms"] < mine["profiled_ms"]
-    # dates drops attention weights, so it runs the plain softmax; copy, without dropout, the fused kernel
-    assert "aten::_softmax" in result["recipes"]["dates"][one["capability"]]["ops_ms"]
-    assert any("flash_attention" in op for op in result["recipes"]["copy"][one["capability"]]["ops_ms"])
+    dates, task = result["recipes"]["dates"], tb.recipe("dates").make_task(0)
+    assert dates["vocab"] == task.tgt_vocab_size and dates["dropout"] == tb.recipe("dates").dropout > 0
+    mine = dates[one["capability"]]
+    assert mine["ratio"] == mine["ratio_min"] == mine["ratio_max"] == 1.0
+    assert 0 < mine["ops_ms"]["aten::_softmax"] <= mine["row_ms"] < mine["profiled_ms"]
