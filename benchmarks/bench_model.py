@@ -1,7 +1,8 @@
 """One training step and one eval forward: the package's model against PyTorch's nn.Transformer,
 each eager and compiled.
 
-Four contenders (five or six with ``--loss-chunk``) compute the same function with the same weights, in one run:
+Four contenders (five on a CPU, and one or two more with ``--loss-chunk``) compute the same function with
+the same weights, in one run:
 
 - ``plain``: the model the chapters teach, plain PyTorch (``nn.Linear``, ``nn.Dropout``,
   ``F.scaled_dot_product_attention``), run eagerly;
@@ -14,7 +15,7 @@ Four contenders (five or six with ``--loss-chunk``) compute the same function wi
 - ``theirs_compiled``: the same ``nn.Transformer`` under ``torch.compile``;
 - ``plain_scalar_compiled`` (on a CPU): ``plain_compiled`` with Inductor's scalar C++
   (``options={"cpp.simdlen": 1}``): loops of plain floats, without ATen's vector types, which
-  write bool masks as fast as eager does (``mask_stores``) and everything else more slowly;
+  write bool masks as fast as eager does (``mask_stores``), with every other loop unvectorised too;
 - ``plain_compiled_chunked`` (with ``--loss-chunk``, on by default on a GPU): the training
   step of ``plain_compiled`` with the loss computed in chunks of positions,
   ``tb.chunked_loss``, so that the whole batch's logits never exist at once; the encoder,
