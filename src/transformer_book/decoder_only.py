@@ -39,18 +39,15 @@ class DecoderOnlyCache:
     visible: Tensor
     filled: bool = False
 
-    def write_visible(self, tokens: Tensor, pad_id: int) -> None:
-        """Mark the slots of ``tokens (batch, new)``, from ``position`` on, visible
-        where :func:`padding_mask` shows them, as the whole sequence's mask does (a
-        model may pick the padding id as a word)."""
-        slots = self.position + torch.arange(tokens.shape[1], device=tokens.device)
-        self.visible.index_copy_(2, slots, padding_mask(tokens, pad_id))
-
-    def slot_mask(self, new: int) -> Tensor:
-        """``(batch, new, capacity)``: each of the ``new`` positions from
-        ``position`` on sees the slots up to its own, the padding excepted."""
-        slots = torch.arange(self.visible.shape[-1], device=self.position.device)
-        queries = self.position + torch.arange(new, device=self.position.device)
+    def step_mask(self, tokens: Tensor, pad_id: int) -> Tensor:
+        """Mark the slots of this step's ``tokens (batch, new)``, from ``position`` on,
+        visible where :func:`padding_mask` shows them, as the whole sequence's mask
+        does (a model may pick the padding id as a word); then return the step's
+        mask ``(batch, new, capacity)``: each new position sees the slots up to its
+        own, the padding excepted."""
+        queries = self.position + torch.arange(tokens.shape[1], device=tokens.device)
+        self.visible.index_copy_(2, queries, padding_mask(tokens, pad_id))
+        slots = torch.arange(self.visible.shape[-1], device=tokens.device)
         return (slots <= queries[:, None])[None] & self.visible
 
     def reorder(self, index: Tensor) -> None:
@@ -88,7 +85,7 @@ class DecoderOnlyLayers(nn.Module):
         shape = (batch, attention.num_heads, length + capacity, attention.d_head)
         position = torch.zeros((), dtype=torch.long, device=memory.device)
         layers = [KVCache.allocate(shape, like, position) for _ in self.layers]
-        # Each step marks its own slots (the first, the source's too): write_visible.
+        # Each step marks its own slots (the first, the source's too): step_mask.
         visible = torch.ones(
             batch, 1, length + capacity, dtype=torch.bool, device=memory.device
         )
@@ -149,8 +146,8 @@ class DecoderOnly(nn.Module):
             x = self.positional(self.embed(tokens))
             return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
         x = self.positional(self.embed(tokens), offset=cache.position)
-        cache.write_visible(tokens, self.config.pad_id)
-        hidden = self.decoder(x, cache.slot_mask(tokens.shape[1]), cache)
+        mask = cache.step_mask(tokens, self.config.pad_id)
+        hidden = self.decoder(x, mask, cache)
         cache.position += tokens.shape[1]  # on the device: the host never reads it
         cache.filled = True
         return hidden[:, start:]
