@@ -42,7 +42,7 @@ import sys
 import time
 
 import torch
-from common import print_table, write_results
+from common import print_table, spread, write_results
 from torch.profiler import profile
 from torch.utils.benchmark import Timer
 
@@ -155,7 +155,7 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
             ops = {op for m in steps for op in m["ops_ms"]}
             entry[name] = {
                 "ms_per_step": statistics.median(m["ms_per_step"] for m in steps),
-                "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                **spread(ratios),
                 "row_ms": statistics.median(m["row_ms"] for m in steps),
                 "profiled_ms": statistics.median(m["profiled_ms"] for m in steps),
                 "ops_ms": {op: statistics.median(m["ops_ms"].get(op, 0.0) for m in steps) for op in sorted(ops)},

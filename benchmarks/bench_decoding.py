@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import time
 
 import torch
@@ -52,6 +51,7 @@ from common import (
     machine,
     paired_ratios,
     print_table,
+    spread,
     synchronize,
     write_results,
 )
@@ -272,8 +272,7 @@ def run(
                 "compiled_vs_no_cache": times["no cache"]["seconds"] / t["seconds"],
                 "compiled_no_cache_ms": t_no_cache["seconds"] * 1e3,
                 "compiled_no_cache_ms_per_token": t_no_cache["seconds"] * 1e3 / new,
-                "compiled_speedup": statistics.median(ratios), "compiled_speedup_min": min(ratios),
-                "compiled_speedup_max": max(ratios),
+                **spread(ratios, "compiled_speedup"),
             }  # fmt: skip
         rows.append(row)
     return rows

@@ -124,9 +124,14 @@ def paired_ratios(
     result = {}
     for name, seconds in times.items():
         ratios = [mine / base for mine, base in zip(seconds, times[baseline], strict=True)]
-        result[name] = {"seconds": statistics.median(seconds), "ratio": statistics.median(ratios),
-                        "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": seconds}  # fmt: skip
+        result[name] = {"seconds": statistics.median(seconds), **spread(ratios), "rounds": seconds}
     return result
+
+
+def spread(ratios: Sequence[float], name: str = "ratio") -> dict[str, float]:
+    """``name``, ``name_min`` and ``name_max``: the median, lowest and highest of ``ratios``, one
+    per round, the way every results file reports a ratio."""
+    return {name: statistics.median(ratios), f"{name}_min": min(ratios), f"{name}_max": max(ratios)}
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
