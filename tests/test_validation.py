@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import transformer_book as tb
+from transformer_book.decoder_only import DecoderOnly
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +20,19 @@ def attention() -> tb.MultiHeadAttention:
 
 x = torch.randn(2, 5, 16)
 ids = torch.randint(1, 11, (2, 5))
+
+
+def overfill(m: tb.Transformer | DecoderOnly, capacity: int = 2, step: int = 1) -> None:
+    """Decode with a cache of ``capacity`` target positions until it runs out of room."""
+    memory = m.encode(ids)
+    cache = m.decoder.new_cache(memory, capacity)
+    for _ in range(capacity // step + 1):
+        m.decode(memory, ids[:, :step], cache=cache)
+
+
+def first_batch() -> tb.Batch:
+    return tb.Batch.from_pairs(ids, torch.tensor([[1, 3, 4, 2], [1, 5, 2, 0]]))
+
 
 CASES = {
     "d_model not divisible by heads": (lambda m: tb.MultiHeadAttention(512, 7), r"d_model=512 .*num_heads=7"),
@@ -101,13 +115,17 @@ CASES = {
     ),
     "decoding longer than the model's max_len": (
         lambda m: tb.beam_search(m, ids, max_tokens=20, bos_id=1, eos_id=2),
-        r"max_tokens=20 exceeds the model's max_len=16",
+        r"max_tokens=20 must be at least 2 .* and at most the model's max_len=16",
+    ),
+    "a budget of BOS alone": (
+        lambda m: tb.greedy_decode(m, ids, max_tokens=1, bos_id=1, eos_id=2, use_cache=False),
+        r"max_tokens=1 must be at least 2 \(BOS and one decoded token\)",
     ),
     "non-positive beam": (
         lambda m: tb.beam_search(m, ids, max_tokens=5, bos_id=1, eos_id=2, beam_size=0),
         r"beam_size must be a positive integer, got 0",
     ),
-    "not a tensor": (lambda m: tb.padding_mask([[1, 2, 0]]), r"tokens must be a torch.Tensor, got list"),
+    "not a tensor": (lambda m: tb.padding_mask([[1, 2, 0]]), r"tokens must be a Tensor, got list"),
     "causal mask of size 0": (lambda m: tb.causal_mask(0), r"size must be a positive integer, got 0"),
     "logits of another vocabulary": (
         lambda m: tb.LabelSmoothingLoss(11)(torch.randn(2, 5, 12), ids),
@@ -123,6 +141,33 @@ CASES = {
         lambda m: m.decode(torch.randn(2, 4, 64), ids[:, :1], cache=m.decoder.new_cache(torch.randn(2, 4, 64), 20)),
         r"tgt \(2, 1\) and a cache of capacity 20: .* max_len=16",
     ),
+    "a step past the cache's capacity": (
+        lambda m: overfill(m),
+        r"the cache holds 2 of its 2 positions: no room for 1 more \(tgt \(2, 1\)\)",
+    ),
+    "two positions where one slot is left": (
+        lambda m: overfill(m, capacity=3, step=2),
+        r"the cache holds 2 of its 3 positions: no room for 2 more \(tgt \(2, 2\)\)",
+    ),
+    "a step past a decoder-only cache": (
+        lambda m: overfill(DecoderOnly(tb.ModelConfig.small(11, max_len=16)).eval()),
+        r"the cache holds 7 of its 7 positions: no room for 1 more",
+    ),
+    "a loss target outside the vocabulary": (
+        lambda m: tb.LabelSmoothingLoss(11)(torch.randn(2, 3, 11), torch.tensor([[1, 2, 11], [-1, 2, 3]])),
+        r"target holds ids in \[-1, 11\] but the vocabulary has 11 ids .*shape \(2, 3\)",
+    ),
+    "a clipping norm of zero": (
+        lambda m: tb.train_step(
+            m, first_batch(), tb.LabelSmoothingLoss(11), torch.optim.SGD(m.parameters(), lr=0.0), clip_norm=0
+        ),
+        r"clip_norm must be a positive number, got 0",
+    ),
+    "next_batch gives no batch": (
+        lambda m: tb.fit(m, lambda step: None, 1, torch.optim.SGD(m.parameters(), lr=0.0), progress=False),
+        r"next_batch\(step\)'s result must be a Batch, got NoneType",
+    ),
+    "compiling something not a module": (lambda m: tb.compile_model("model"), r"module must be a Module, got str"),
 }
 
 

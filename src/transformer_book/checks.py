@@ -7,10 +7,11 @@ helpers by their public names, so a listing pasted into a notebook after
 
 Shapes, dtypes and devices are facts the host knows, so checking them costs nothing and
 ``torch.compile`` traces them away. Token ids are values: reading them back makes the host
-wait for the device. So ids are read in eager code only, and not inside
-:func:`trusted_ids`, where the caller has checked them already (``fit`` checks each batch
-on the CPU before moving it; a decoding loop feeds back its own argmax). Under
-``torch.compile`` ids are not read either: check them before the compiled call.
+wait for the device, and so does reading a KV cache's position. So values are read in
+eager code only, and not inside :func:`trusted_ids`, where the caller has checked them
+already (``fit`` checks each batch on the CPU before moving it; a decoding loop feeds back
+its own argmax into a cache it sized itself). Under ``torch.compile`` they are not read
+either: check them before the compiled call.
 """
 
 from __future__ import annotations
@@ -43,10 +44,17 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     return tuple(reversed(result))
 
 
+def require_instance(value: object, name: str, kind: type) -> None:
+    """``value`` must be a ``kind`` (a ``Batch``, a module), else a ``ValueError`` naming ``name``."""
+    if not isinstance(value, kind):
+        raise ValueError(
+            f"{name} must be a {kind.__name__}, got {type(value).__name__}"
+        )
+
+
 def require_tensor(value: object, name: str) -> Tensor:
     """``value`` itself if it is a tensor, else a ``ValueError`` naming ``name``."""
-    if not isinstance(value, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    require_instance(value, name, Tensor)
     return value
 
 
@@ -54,6 +62,12 @@ def check_positive(value: int, name: str) -> None:
     """``value`` must be a positive integer (not a bool)."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_positive_number(value: float, name: str) -> None:
+    """``value`` must be a real number above zero (a clipping norm, Adam's eps)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 def check_probability(value: float, name: str) -> None:
@@ -119,12 +133,12 @@ def check_schedule(
     check_positive(warmup, "warmup")
     if total_steps is not None:
         check_positive(total_steps, "total_steps")
-    if not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    check_positive_number(eps, "eps")
 
 
 def check_logits(logits: Tensor, target: Tensor, vocab_size: int) -> None:
-    """``logits (..., vocab_size)`` floating, for integer ``target (...)`` ids of the same leading shape."""
+    """``logits (..., vocab_size)`` floating, for integer ``target (...)`` ids of the same
+    leading shape, in ``[0, vocab_size)`` (read as :func:`check_ids` says)."""
     require_tensor(logits, "logits")
     require_tensor(target, "target")
     if (
@@ -139,6 +153,7 @@ def check_logits(logits: Tensor, target: Tensor, vocab_size: int) -> None:
         raise ValueError(
             f"logits {shape_of(logits)} must be target {shape_of(target)} plus a last axis of vocab_size={vocab_size}"
         )
+    check_ids(target, "target", vocab_size)
 
 
 def check_features(x: Tensor, name: str, d_model: int, ndim: int = 3) -> None:
@@ -182,20 +197,41 @@ def check_tokens(
         raise ValueError(
             f"{name} has {tokens.shape[1]} positions, more than max_len={max_len}; shape {shape_of(tokens)}"
         )
-    if vocab_size is None or not reads_ids(tokens):
+    if vocab_size is not None:
+        check_ids(tokens, name, vocab_size)
+
+
+def check_ids(ids: Tensor, name: str, vocab_size: int) -> None:
+    """Integer ``ids`` (any shape) must lie in ``[0, vocab_size)``; read only where
+    :func:`reads_values` says (an empty tensor has nothing to read)."""
+    if ids.numel() == 0 or not reads_values(ids):
         return
-    low, high = map(int, tokens.aminmax())
+    low, high = map(int, ids.aminmax())
     if low < 0 or high >= vocab_size:
         raise ValueError(
             f"{name} holds ids in [{low}, {high}] but the vocabulary has {vocab_size} ids (0..{vocab_size - 1}); "
-            f"shape {shape_of(tokens)}"
+            f"shape {shape_of(ids)}"
+        )
+
+
+def check_cache_room(position: Tensor, new: Tensor, capacity: int) -> None:
+    """A KV cache at ``position`` (a 0-d tensor: the positions written) must have room for
+    the ``new (batch, new)`` ids of a step in its ``capacity`` slots; read only where
+    :func:`reads_values` says (a decoding loop sizes its cache for its steps)."""
+    if not reads_values(position):
+        return
+    written = int(position)
+    if written + new.shape[1] > capacity:
+        raise ValueError(
+            f"the cache holds {written} of its {capacity} positions: no room for "
+            f"{new.shape[1]} more (tgt {shape_of(new)}); make a larger cache"
         )
 
 
 @contextmanager
 def trusted_ids() -> Iterator[None]:
-    """Within the block, :func:`check_tokens` does not read token ids back: the caller has
-    checked them (or made them), so the host need not wait for the device to read them."""
+    """Within the block, the checks read no values back (token ids, a cache's position):
+    the caller has checked them (or made them), so the host need not wait for the device."""
     global _ids_trusted
     before, _ids_trusted = _ids_trusted, True
     try:
@@ -204,12 +240,12 @@ def trusted_ids() -> Iterator[None]:
         _ids_trusted = before
 
 
-def reads_ids(tokens: Tensor) -> bool:
-    """Whether :func:`check_tokens` reads ``tokens``' values here: in eager code, outside
-    :func:`trusted_ids`, and for a tensor that holds values (not on the meta device)."""
+def reads_values(tensor: Tensor) -> bool:
+    """Whether the checks read ``tensor``'s values here (ids, a cache's position): in eager
+    code, outside :func:`trusted_ids`, and for a tensor that holds values (not on meta)."""
     if torch.compiler.is_compiling():
         return False
-    return not _ids_trusted and tokens.device.type != "meta"
+    return not _ids_trusted and tensor.device.type != "meta"
 
 
 def check_offset(offset: int | Tensor, x: Tensor, max_len: int) -> None:
@@ -342,7 +378,7 @@ def check_target(
     positions, for a ``memory (batch, src_len, d_model)`` of the same batch; ``src_mask``
     broadcastable to ``(batch, new, src_len)``, ``tgt_mask`` to ``(batch, new, new)``, or with
     a ``cache`` (a ``DecoderCache``) to ``(batch, new, capacity)``, where the capacity is at
-    most ``max_len`` and ``new`` fits in it."""
+    most ``max_len`` and the ``new`` positions fit in what is left of it."""
     check_tokens(tgt, "tgt", vocab_size)
     keys = tgt.shape[1] if cache is None else cache.capacity
     if cache is None and keys > max_len:
@@ -358,6 +394,8 @@ def check_target(
         raise ValueError(
             f"tgt {shape_of(tgt)} and the cache's {cache.layers[0].self_attn.key.shape[0]} rows differ"
         )
+    if cache is not None:
+        check_cache_room(cache.position, tgt, keys)
     require_tensor(memory, "memory")
     if memory.dim() != 3 or tgt.shape[0] != memory.shape[0]:
         raise ValueError(
@@ -372,13 +410,15 @@ def check_decoding(
     config: object, src: Tensor, max_tokens: int, bos_id: int, eos_id: int | None
 ) -> None:
     """A decoding loop's arguments for a model of ``config`` (a ``ModelConfig``): ``src``
-    ids of its source vocabulary, ``max_tokens`` (the output's length, BOS included) within
-    the model's ``max_len``, ``bos_id`` and ``eos_id`` target ids."""
+    ids of its source vocabulary, ``max_tokens`` (the output's length, BOS included: at
+    least 2, so that one token is decoded) within the model's ``max_len``, ``bos_id`` and
+    ``eos_id`` target ids."""
     check_tokens(src, "src", config.src_vocab_size, config.max_len)
     check_positive(max_tokens, "max_tokens")
-    if max_tokens > config.max_len:
+    if not 2 <= max_tokens <= config.max_len:
         raise ValueError(
-            f"max_tokens={max_tokens} exceeds the model's max_len={config.max_len}"
+            f"max_tokens={max_tokens} must be at least 2 (BOS and one decoded token) and "
+            f"at most the model's max_len={config.max_len}"
         )
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
         if token is not None and not 0 <= token < config.tgt_vocab_size:

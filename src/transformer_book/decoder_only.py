@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
-from .checks import check_positive, check_tokens
+from .checks import check_cache_room, check_positive, check_tokens
 from .embedding import TokenEmbedding
 from .encoder import EncoderLayer
 from .layers import sublayer_connection
@@ -145,6 +145,7 @@ class DecoderOnly(nn.Module):
         if cache is None:
             x = self.positional(self.embed(tokens))
             return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
+        check_cache_room(cache.position, tokens, cache.visible.shape[-1])
         x = self.positional(self.embed(tokens), offset=cache.position)
         mask = cache.step_mask(tokens, self.config.pad_id)
         hidden = self.decoder(x, mask, cache)

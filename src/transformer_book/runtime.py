@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checks import require_instance
+
 DEVICE_ENV = "TRANSFORMER_BOOK_DEVICE"
 SEED_ENV = "TRANSFORMER_BOOK_SEED"
 
@@ -88,6 +90,7 @@ def compile_model(
     step drops, seed for seed. On a GPU, Inductor draws them inside its fused kernels, the
     faster way there, and other masks than eager's.
     """
+    require_instance(module, "module", torch.nn.Module)
     if device is None:
         device = next(iter(module.parameters())).device
     reason = compile_unavailable(device)

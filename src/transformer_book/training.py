@@ -15,10 +15,12 @@ from torch.utils.checkpoint import checkpoint
 from .checks import (
     check_logits,
     check_positive,
+    check_positive_number,
     check_probability,
     check_schedule,
     check_smoothing,
     check_tokens,
+    require_instance,
     shape_of,
     trusted_ids,
 )
@@ -175,6 +177,8 @@ def train_step(
     """One teacher-forced step on ``batch`` (on the model's device): forward, the loss
     times ``loss_scale`` (torchrun's share per process), backward, the gradient norm
     clipped to ``clip_norm`` if given, the update. Returns ``(loss, lr it used)``."""
+    if clip_norm is not None:
+        check_positive_number(clip_norm, "clip_norm")
     model.train()
     with torch.autocast(batch.src.device.type, torch.bfloat16, enabled=bf16):
         logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
@@ -191,7 +195,9 @@ def train_step(
 
 
 def check_batch(batch: Batch, config: ModelConfig) -> None:
-    """The batch's ids must be ids of the model's vocabularies (read where they are)."""
+    """``batch`` must be a :class:`~transformer_book.data.Batch` whose ids are ids of the
+    model's vocabularies (read where they are)."""
+    require_instance(batch, "next_batch(step)'s result", Batch)
     check_tokens(batch.src, "batch.src", config.src_vocab_size, config.max_len)
     check_tokens(batch.tgt_in, "batch.tgt_in", config.tgt_vocab_size, config.max_len)
     check_tokens(batch.tgt_out, "batch.tgt_out", config.tgt_vocab_size, config.max_len)
