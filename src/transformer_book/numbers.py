@@ -378,16 +378,21 @@ def reversal_fails(
     model: Transformer, task: NumberTask, layer: int | None = None
 ) -> list[int]:
     """The two-digit numbers 21–99, round tens left out, on which the step
-    that writes the first German piece (the unit) does *not* attend most to
-    the English unit word, or the step that writes the tens piece does not
-    attend most to the English tens word (:func:`cross_attention`, every
-    layer by default). ``[]`` when the reversal holds."""
+    that writes the first German piece (the unit) does *not* attend more to
+    the English unit word than to the tens word, or the step that writes the
+    tens piece does not attend more to the tens word than to the unit word
+    (:func:`cross_attention`, every layer by default). ``[]`` when the
+    reversal holds. The question is which English word a step reads, so the
+    weight on ``<eos>`` is left out: the step that writes the tens piece,
+    the last, also looks there (the number ends), by as much on some runs."""
     fails = []
     for n in range(21, 100):
         if n % 10:
-            rows = cross_attention(model, task, n, layer).argmax(-1).tolist()
+            # ["ninety", "seven"]: column 0 the tens word, column 1 the unit
+            weights = cross_attention(model, task, n, layer)[:, :2]
             tens_row = task.pieces(n).index("und") + 1
-            if rows[0] != 1 or rows[tens_row] != 0:  # ["ninety", "seven"]
+            unit_read, tens_read = weights[[0, tens_row]].argmax(-1).tolist()
+            if unit_read != 1 or tens_read != 0:
                 fails.append(n)
     return fails
 
