@@ -175,6 +175,18 @@ def test_actionlint_catches_a_broken_workflow(tmp_path: Path):
     assert proc.returncode != 0 and "no_such_thing" in proc.stdout and "step" in proc.stdout, proc.stdout
 
 
+def test_shellcheck_is_clean_on_the_scripts_outside_the_workflows():
+    """The shell scripts that no workflow holds (CI's entry point, the setup, the GPU machine's
+    checks) pass shellcheck as the workflows' run: steps do."""
+    scripts = [REPO_ROOT / ".ci" / "run", *sorted((REPO_ROOT / "scripts").glob("*.sh"))]
+    assert len(scripts) >= 4, scripts
+    candidate = Path(sys.executable).with_name("shellcheck")
+    exe = str(candidate) if candidate.exists() else shutil.which("shellcheck")
+    assert exe, "shellcheck is not installed (bash scripts/setup.sh installs requirements.txt)"
+    proc = subprocess.run([exe, *map(str, scripts)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, f"shellcheck:\n{proc.stdout}\n{proc.stderr}"
+
+
 # --------------------------------------------------------------------------- every job
 
 

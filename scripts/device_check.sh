@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A GPU session's device checks in one command, for a borrowed machine (the device tool's
+# `run`, with carry=[".whl"]) or any box with an NVIDIA GPU:
+#
+#   chapters   every chapter executed on cuda, all at once (one kernel each, nbclient);
+#   tests      the package tests on cuda (`-m "not book"`: the book build, its sections and
+#              the browser tests need jupyter-book and Chromium, which such a machine lacks);
+#   decoding   benchmarks/bench_decoding.py, which writes results/decoding_cuda.json;
+#   model      benchmarks/bench_model.py, which writes results/model_cuda.json.
+#
+# Each stage has its own time limit, so one that hangs leaves time for the others. Logs
+# and results go to $OUT (the device tool's output folder; else a new temporary folder).
+# The device machine holds PyTorch but not the notebook packages: run
+# scripts/device_wheels.sh here first, and they are installed from .whl/ there.
+#
+#   bash scripts/device_check.sh                          # chapters tests decoding
+#   STAGES="decoding model" bash scripts/device_check.sh  # some stages, in this order
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT="${OUT:-$(mktemp -d)}"
+STAGES="${STAGES:-chapters tests decoding}"
+export TRANSFORMER_BOOK_DEVICE="${TRANSFORMER_BOOK_DEVICE:-cuda}" PYTHONUNBUFFERED=1
+status=0
+
+if [ -d .whl ]; then
+    python3 -m pip install --quiet --no-index --find-links .whl --no-deps num2words
+    python3 -m pip install --quiet --no-index --find-links .whl altair ipykernel nbclient nbformat
+fi
+python3 -m pip install --quiet --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 ||
+    { cat "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+python3 -c "import transformer_book as tb; print(tb.describe_environment(tb.get_device()))" ||
+    exit 1
+
+stage() {  # stage NAME SECONDS COMMAND...: run it, log it, report its time and exit code
+    local name="$1" limit="$2" start=$SECONDS rc
+    shift 2
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    echo "== $name: exit $rc after $((SECONDS - start)) s (log: $name.log)"
+    tail -n 20 "$OUT/$name.log"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+# shellcheck disable=SC2329  # called by xargs, through export -f
+execute_chapter() {  # one notebook, executed in its folder as the book build does
+    python3 - "$1" <<'EOF'
+import sys, time
+from pathlib import Path
+import nbclient, nbformat
+path = Path(sys.argv[1])
+start = time.perf_counter()
+notebook = nbformat.read(path, as_version=4)
+try:
+    nbclient.NotebookClient(
+        notebook, timeout=600, resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+except Exception as error:
+    print(f"FAILED {path} after {time.perf_counter() - start:.1f} s:\n{error}"[:4000])
+    sys.exit(1)
+print(f"ok     {path} in {time.perf_counter() - start:.1f} s")
+EOF
+}
+export -f execute_chapter
+
+for name in $STAGES; do
+    case "$name" in
+    chapters)
+        stage chapters 240 bash -c \
+            'ls chapters/*.ipynb chapters/appendix/*.ipynb | xargs -P 16 -I{} bash -c "execute_chapter {}"'
+        ;;
+    tests)
+        stage tests 240 python3 -m pytest -q -p no:cacheprovider -m "not book" \
+            --continue-on-collection-errors
+        ;;
+    decoding)
+        stage decoding 240 python3 benchmarks/bench_decoding.py
+        cp benchmarks/results/decoding_cuda.json "$OUT/" 2>/dev/null
+        ;;
+    model)
+        stage model 300 python3 benchmarks/bench_model.py
+        cp benchmarks/results/model_cuda.json "$OUT/" 2>/dev/null
+        ;;
+    *) echo "unknown stage $name" && status=1 ;;
+    esac
+done
+exit "$status"
