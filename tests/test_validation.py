@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import transformer_book as tb
+from transformer_book import numbers as nums
 from transformer_book.decoder_only import DecoderOnly
 
 
@@ -125,7 +126,7 @@ CASES = {
         lambda m: tb.beam_search(m, ids, max_tokens=5, bos_id=1, eos_id=2, beam_size=0),
         r"beam_size must be a positive integer, got 0",
     ),
-    "not a tensor": (lambda m: tb.padding_mask([[1, 2, 0]]), r"tokens must be a Tensor, got list"),
+    "not a tensor": (lambda m: tb.padding_mask([[1, 2, 0]]), r"tokens must be of type Tensor, got list"),
     "causal mask of size 0": (lambda m: tb.causal_mask(0), r"size must be a positive integer, got 0"),
     "logits of another vocabulary": (
         lambda m: tb.LabelSmoothingLoss(11)(torch.randn(2, 5, 12), ids),
@@ -165,9 +166,35 @@ CASES = {
     ),
     "next_batch gives no batch": (
         lambda m: tb.fit(m, lambda step: None, 1, torch.optim.SGD(m.parameters(), lr=0.0), progress=False),
-        r"next_batch\(step\)'s result must be a Batch, got NoneType",
+        r"next_batch\(step\)'s result must be of type Batch, got NoneType",
     ),
-    "compiling something not a module": (lambda m: tb.compile_model("model"), r"module must be a Module, got str"),
+    "an unknown recipe": (lambda m: tb.recipe("date"), r"name must be one of \['copy', 'dates'\], got 'date'"),
+    "an unknown shipped numbers model": (
+        lambda m: nums.trained_numbers("encoder-decoder"),
+        r"name must be one of \['decoder_only', 'encoder_decoder', 'uniform'\], got 'encoder-decoder'",
+    ),
+    "a layer the model does not have": (
+        lambda m: nums.cross_attention(m, None, 97, layer=2),
+        r"layer must be one of \[-2, -1, 0, 1\], got 2",
+    ),
+    "a seed that is not an integer": (lambda m: tb.seed_everything("7"), r"seed must be of type int, got str"),
+    "a model from something not a config": (
+        lambda m: tb.make_model(11),
+        r"config must be of type ModelConfig, got int",
+    ),
+    "recording attention of something not a module": (
+        lambda m: tb.record_attention("model").__enter__(),
+        r"model must be of type Module, got str",
+    ),
+    "a learning rate for d_model 0": (lambda m: tb.noam_rate(1, 0, 4000), r"d_model must be a positive integer, got 0"),
+    "an exact match scored in batches of 0": (
+        lambda m: tb.exact_match(m, ids, ids, 1, 2, batch_size=0),
+        r"batch_size must be a positive integer, got 0",
+    ),
+    "compiling something not a module": (
+        lambda m: tb.compile_model("model"),
+        r"module must be of type Module, got str",
+    ),
 }
 
 

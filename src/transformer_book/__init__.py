@@ -37,6 +37,7 @@ from .book.parity import to_pytorch
 from .checks import (
     check_attention,
     check_cache_room,
+    check_choice,
     check_decoding,
     check_embedding,
     check_encoding,
@@ -179,6 +180,7 @@ __all__ = [
     "to_pytorch_mask",
     "check_attention",
     "check_cache_room",
+    "check_choice",
     "check_decoding",
     "check_embedding",
     "check_encoding",

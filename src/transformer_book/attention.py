@@ -16,7 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checks import check_attention, check_heads_input, check_sizes
+from .checks import (
+    check_attention,
+    check_heads_input,
+    check_sizes,
+    require_instance,
+)
 
 
 def scaled_dot_product_attention(
@@ -185,6 +190,7 @@ def record_attention(model: nn.Module) -> Iterator[dict[str, Tensor]]:
             model(src, tgt)
         maps["decoder.layers.1.cross_attn"]
     """
+    require_instance(model, "model", nn.Module)
     modules = {
         name: m
         for name, m in model.named_modules()

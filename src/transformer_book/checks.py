@@ -17,7 +17,7 @@ either: check them before the compiled call.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -48,7 +48,7 @@ def require_instance(value: object, name: str, kind: type) -> None:
     """``value`` must be a ``kind`` (a ``Batch``, a module), else a ``ValueError`` naming ``name``."""
     if not isinstance(value, kind):
         raise ValueError(
-            f"{name} must be a {kind.__name__}, got {type(value).__name__}"
+            f"{name} must be of type {kind.__name__}, got {type(value).__name__}"
         )
 
 
@@ -56,6 +56,16 @@ def require_tensor(value: object, name: str) -> Tensor:
     """``value`` itself if it is a tensor, else a ``ValueError`` naming ``name``."""
     require_instance(value, name, Tensor)
     return value
+
+
+def check_choice(value: object, name: str, choices: Collection) -> None:
+    """``value`` must be one of ``choices`` (a recipe's name, a layer's index)."""
+    try:
+        known = value in choices
+    except TypeError:  # an unhashable value is in no dict
+        known = False
+    if not known:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
 
 
 def check_positive(value: int, name: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import check_decoding, check_positive, trusted_ids
+from .checks import check_decoding, check_positive, check_tokens, trusted_ids
 from .masking import causal_mask, padding_mask
 from .model import Transformer
 
@@ -56,6 +56,7 @@ def greedy_decode(
 def decoded_length(ys: Tensor, eos_id: int | None) -> int:
     """Columns up to the step at which the last row of ``ys (batch, max_tokens)`` emitted its
     EOS (all of them if a row never did): where a loop that checked every step would stop."""
+    check_tokens(ys, "ys")
     if eos_id is None:
         return ys.shape[1]
     is_eos = ys[:, 1:] == eos_id

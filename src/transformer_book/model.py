@@ -14,6 +14,7 @@ from .checks import (
     check_sizes,
     check_target,
     check_tokens,
+    require_instance,
 )
 from .decoder import Decoder, DecoderCache, DecoderLayer
 from .embedding import TokenEmbedding
@@ -107,6 +108,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        require_instance(config, "config", ModelConfig)
         c = config
         self.config = config
         self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model)
@@ -211,4 +213,5 @@ def init_weights(module: nn.Module) -> nn.Module:
 
 def count_parameters(module: nn.Module) -> int:
     """Number of trainable values, each tied matrix counted once."""
+    require_instance(module, "module", nn.Module)
     return sum(p.numel() for p in module.parameters() if p.requires_grad)

@@ -36,6 +36,7 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from torch import Tensor, nn
 
 from .attention import record_attention
+from .checks import check_choice, check_positive
 from .data import BOS, EOS, PAD, Batch, Vocabulary
 from .decoder_only import DecoderOnly
 from .inference import beam_search, greedy_decode
@@ -363,10 +364,13 @@ def cross_attention(
     ``(pieces + 1, words + 1)``. Row ``i`` is the step that writes the
     ``i``-th piece (the last writes ``<eos>``), column ``j`` the ``j``-th
     English word (the last is ``<eos>``)."""
+    depth = len(model.decoder.layers)
+    if layer is not None:
+        check_choice(layer, "layer", range(-depth, depth))
     src, tgt = task.encode([number])
     words, length = len(english_words(number)) + 1, len(task.pieces(number)) + 1
     device = next(model.parameters()).device
-    layers = range(len(model.decoder.layers))
+    layers = range(depth)
     chosen = layers if layer is None else [layers[layer]]
     with record_attention(model) as maps:
         model(src[:, :words].to(device), tgt[:, :length].to(device))
@@ -445,6 +449,8 @@ def train_numbers(
     ``eval_every`` steps and training stops when it is perfect. With ``steps``,
     exactly that many steps and no validation; with ``uniform``, numbers drawn
     from the whole range."""
+    if steps is not None:
+        check_positive(steps, "steps")
     device = device or torch.device("cpu")
     task = task or NumberTask()
     seed_everything(seed)
@@ -507,12 +513,13 @@ def same_recipe(stored: dict) -> bool:
 def read_numbers_checkpoint(name: str) -> dict:
     """``checkpoints/numbers/<name>.pt`` after checking its SHA-256 and recipe."""
     folder = resources.files(CHECKPOINT_PACKAGE)
-    data = (folder / f"{name}.pt").read_bytes()
     sums = (folder / "SHA256SUMS").read_text().split()
-    if (
-        dict(zip(sums[1::2], sums[0::2])).get(f"{name}.pt")
-        != hashlib.sha256(data).hexdigest()
-    ):
+    shipped = {
+        file.removesuffix(".pt"): sha for sha, file in zip(sums[::2], sums[1::2])
+    }
+    check_choice(name, "name", shipped)
+    data = (folder / f"{name}.pt").read_bytes()
+    if shipped[name] != hashlib.sha256(data).hexdigest():
         raise ValueError(f"checkpoint {name}.pt: its SHA-256 does not match SHA256SUMS")
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     if not same_recipe(state["recipe"]):

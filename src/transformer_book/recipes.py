@@ -33,6 +33,7 @@ try:
 except ImportError:  # Python 3.10
     from importlib.abc import Traversable
 
+from .checks import check_choice
 from .data import Batch, CopyTask, DateTask
 from .model import ModelConfig, Transformer, make_model
 from .runtime import get_device, seed_everything
@@ -126,8 +127,7 @@ RECIPES: dict[str, Recipe] = {
 
 def recipe(name: str) -> Recipe:
     """``RECIPES[name]``, with a clear error for an unknown name."""
-    if name not in RECIPES:
-        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
+    check_choice(name, "name", RECIPES)
     return RECIPES[name]
 
 

@@ -127,6 +127,7 @@ def seed_everything(seed: int | None = None) -> int:
     generator seeded with ``SEED + k``) derives from it. An explicit seed is used as given.
     """
     seed = book_seed() if seed is None else seed
+    require_instance(seed, "seed", int)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds CUDA and MPS generators

@@ -104,6 +104,8 @@ def noam_rate(
     counts as step 1. With ``total_steps`` (not in the paper) it is also multiplied by
     ``1 - step / total_steps``, a taper that brings it to zero at the last step.
     """
+    check_positive(d_model, "d_model")
+    check_schedule(warmup, total_steps)
     step = max(step, 1)
     rate = factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
     return rate if total_steps is None else rate * max(0.0, 1.0 - step / total_steps)
@@ -316,6 +318,7 @@ def exact_match(
 
     ``src (n, S)``, ``tgt (n, T)`` with BOS first (and EOS, unless ``eos_id`` is None).
     """
+    check_positive(batch_size, "batch_size")
     if src.shape[0] != tgt.shape[0]:
         raise ValueError(
             f"src {shape_of(src)} and tgt {shape_of(tgt)} must have the same number of rows"
