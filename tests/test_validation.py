@@ -191,6 +191,18 @@ CASES = {
         lambda m: tb.exact_match(m, ids, ids, 1, 2, batch_size=0),
         r"batch_size must be a positive integer, got 0",
     ),
+    "a length penalty's exponent that is not a number": (
+        lambda m: tb.beam_search(m, ids, max_tokens=5, bos_id=1, eos_id=2, alpha="0.6"),
+        r"alpha must be a non-negative number, got '0.6'",
+    ),
+    "evaluating every -1 steps": (
+        lambda m: tb.fit(m, lambda step: first_batch(), 1, torch.optim.SGD(m.parameters(), lr=0.0), eval_every=-1),
+        r"eval_every must be a positive integer, got -1",
+    ),
+    "no held-out numbers": (
+        lambda m: nums.split_numbers(per_stratum=0),
+        r"per_stratum must be a positive integer, got 0",
+    ),
     "compiling something not a module": (
         lambda m: tb.compile_model("model"),
         r"module must be of type Module, got str",

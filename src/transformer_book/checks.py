@@ -74,10 +74,13 @@ def check_positive(value: int, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def check_positive_number(value: float, name: str) -> None:
-    """``value`` must be a real number above zero (a clipping norm, Adam's eps)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+def check_positive_number(value: float, name: str, zero: bool = False) -> None:
+    """``value`` must be a real number above zero (a clipping norm, Adam's eps), or with
+    ``zero`` at least zero (a length penalty's exponent)."""
+    real = isinstance(value, int | float) and not isinstance(value, bool)
+    if not real or not (value >= 0 if zero else value > 0):
+        wanted = "a non-negative number" if zero else "a positive number"
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
 
 
 def check_probability(value: float, name: str) -> None:

@@ -12,7 +12,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import check_decoding, check_positive, check_tokens, trusted_ids
+from .checks import (
+    check_decoding,
+    check_positive,
+    check_positive_number,
+    check_tokens,
+    trusted_ids,
+)
 from .masking import causal_mask, padding_mask
 from .model import Transformer
 
@@ -93,6 +99,7 @@ def beam_search(
     """
     check_decoding(model.config, src, max_tokens, bos_id, eos_id)
     check_positive(beam_size, "beam_size")
+    check_positive_number(alpha, "alpha", zero=True)
     pad_id, vocab = model.config.pad_id, model.config.tgt_vocab_size
     batch, k = src.shape[0], beam_size
     device = src.device

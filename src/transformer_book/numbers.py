@@ -134,6 +134,7 @@ def split_numbers(
     """For each digit count, ``min(per_stratum, a fifth of it)`` numbers for
     validation and as many for test, drawn without replacement; every other
     number is for training. Disjoint by construction."""
+    check_positive(per_stratum, "per_stratum")
     rng = random.Random(seed)
     validation, test = {}, {}
     for d in DIGITS:

@@ -242,6 +242,8 @@ def fit(
     checkpoint). A progress bar shows the loss and the learning rate.
     """
     check_positive(steps, "steps")
+    if eval_every:  # 0: only at the last step
+        check_positive(eval_every, "eval_every")
     inner = model.module if isinstance(model, DistributedDataParallel) else model
     device = next(inner.parameters()).device
     loss_fn = loss_fn or LabelSmoothingLoss(
