@@ -17,19 +17,21 @@ if ! command -v npm >/dev/null 2>&1; then
         exit 1
     fi
 fi
-# npm and pip write to different places: let them work at the same time.
+# npm, apt and pip write to different places: let them work at the same time.
 npm ci --no-audit --no-fund --loglevel=error &
-npm_ci=$!
-
-python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
-wait "$npm_ci"  # under set -e, a failed npm ci stops the setup here
-
+jobs_started=("$!")
 if ! command -v chromium >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+        (apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) &
+        jobs_started+=("$!")
     else
         echo "setup: Chromium is missing; install Debian's 'chromium' package for the browser test" >&2
         exit 1
     fi
 fi
+
+python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
+for job in "${jobs_started[@]}"; do
+    wait "$job"  # under set -e, a failed npm ci or apt-get stops the setup here
+done
