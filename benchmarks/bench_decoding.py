@@ -35,7 +35,11 @@ cached step can cost on this machine.
     python benchmarks/bench_decoding.py --small
 
 Only the default run writes the results file that appendix C shows: ``results/decoding.json``
-on a CPU, ``results/decoding_cuda.json`` on a GPU.
+on a CPU, ``results/decoding_cuda.json`` on a GPU; ``--results NAME`` writes ``results/NAME.json``
+(appendix C also shows ``decoding_second_cpu.json``, the default run on another CPU). The script
+also times the step's matrix products alone (``products_ms``, at the first batch size), the
+same modules on inputs of the step's shapes: set beside the step's time and the plain sum's
+pace, it says whether the matrix kernels or everything around them set a step's cost.
 """
 
 from __future__ import annotations
@@ -193,6 +197,36 @@ def step_weights_mb(config: tb.ModelConfig) -> float:
     return 4 * (config.num_layers * per_layer + d * config.tgt_vocab_size) / 1e6
 
 
+def step_linears(model: tb.Transformer) -> list[nn.Linear]:
+    """The matrix products of one cached greedy step, in order: :func:`step_weights_mb`'s
+    weights, as the modules that hold them."""
+    linears = []
+    for layer in model.decoder.layers:
+        attend, cross, ffn = layer.self_attn, layer.cross_attn, layer.feed_forward
+        linears += [attend.q_proj, attend.k_proj, attend.v_proj, attend.out_proj]
+        linears += [cross.q_proj, cross.out_proj, ffn.linear1, ffn.linear2]
+    return [*linears, model.generator]
+
+
+def products_ms(model: tb.Transformer, batch: int, repeats: int) -> float:
+    """Milliseconds for one cached step's matrix products alone (:func:`step_linears`, each on a
+    ``(batch, in_features)`` input), the fastest of ``repeats`` passes: what the step would cost if
+    nothing but its products took time, on this machine's own matrix kernels."""
+    device = next(model.parameters()).device
+    linears = step_linears(model)
+    inputs = [torch.randn(batch, linear.in_features, device=device) for linear in linears]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 2):
+            synchronize(device)
+            start = time.perf_counter()
+            for linear, x in zip(linears, inputs, strict=True):
+                linear(x)
+            synchronize(device)
+            best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
 def read_gb_per_s(device: torch.device, megabytes: float, repeats: int) -> float:
     """GB/s of a plain sum over ``megabytes`` of float32, the fastest of ``repeats`` calls: about
     the pace at which this machine's memory delivers a step's weights to the cores."""
@@ -304,8 +338,9 @@ def main() -> None:
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--repeats", type=int, default=5, help="rounds of A B C C B A")
     parser.add_argument("--no-compile", dest="compiled", action="store_false", help="leave out the compiled step")
+    parser.add_argument("--results", help="write results/<RESULTS>.json (a default run writes decoding[_cuda].json)")
     args = parser.parse_args()
-    default_run = vars(args) == vars(parser.parse_args([]))
+    default_run = vars(args) | {"results": None} == vars(parser.parse_args([]))
     cold_compile_cache()  # compile_s: compiling, not reading an earlier run's kernels
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config = tb.ModelConfig.small(args.vocab) if args.small else tb.ModelConfig.base(args.vocab)
@@ -314,7 +349,12 @@ def main() -> None:
         rows += run(device, config, batch, args.src_len, args.new_tokens, args.repeats, args.compiled)
     beams = run_beam(device, config, 1, args.src_len, max(args.new_tokens), args.beams, args.repeats)
     weights_mb = step_weights_mb(config)
-    memory = {"step_weights_mb": weights_mb, "read_gb_per_s": read_gb_per_s(device, weights_mb, args.repeats * 4)}
+    model = make_model(device, config)
+    memory = {
+        "step_weights_mb": weights_mb, "read_gb_per_s": read_gb_per_s(device, weights_mb, args.repeats * 4),
+        "products_batch": args.batches[0], "products_count": len(step_linears(model)),
+        "products_ms": products_ms(model, args.batches[0], args.repeats * 4),
+    }  # fmt: skip
     size = "small" if args.small else "base"
     title = (f"{device.type}, {size} sizes, vocabulary {args.vocab}, float32, source {args.src_len} tokens, "
              f"{args.repeats} rounds of A B C C B A")  # fmt: skip
@@ -332,15 +372,16 @@ def main() -> None:
     )  # fmt: skip
     print(
         f"\na cached step reads {weights_mb:.0f} MB of weights; a plain sum over as many bytes: "
-        f"{memory['read_gb_per_s']:.1f} GB/s"
+        f"{memory['read_gb_per_s']:.1f} GB/s; its {memory['products_count']} matrix products alone, at batch "
+        f"{memory['products_batch']}: {memory['products_ms']:.2f} ms ({weights_mb / memory['products_ms']:.1f} GB/s)"
     )
     print_table(
         f"Beam search (KV cache), batch 1, {max(args.new_tokens)} new tokens — {title}",
         ["beam size", "ms", "ms per step"],
         [[r["beam_size"], f"{r['ms']:.1f}", f"{r['ms_per_step']:.2f}"] for r in beams],
     )  # fmt: skip
-    if default_run:  # appendix C reads the default runs only
-        name = "decoding_cuda" if device.type == "cuda" else "decoding"
+    if default_run or args.results:  # appendix C reads the default runs, and those it names
+        name = args.results or ("decoding_cuda" if device.type == "cuda" else "decoding")
         write_results(name, {"title": title, "config": dataclasses.asdict(config), "src_len": args.src_len,
                              **memory, "greedy": rows, "beam": beams})  # fmt: skip
 

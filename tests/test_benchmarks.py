@@ -53,3 +53,18 @@ def test_the_cpu_capability_bookkeeping_on_this_process_kernels():
     mine = dates[one["capability"]]
     assert mine["ratio"] == mine["ratio_min"] == mine["ratio_max"] == 1.0
     assert 0 < mine["ops_ms"]["aten::_softmax"] <= mine["row_ms"] < mine["profiled_ms"]
+
+
+def test_the_decoding_step_products_are_the_weights_a_step_reads():
+    """bench_decoding times a cached step's matrix products alone: the modules it times hold
+    exactly the megabytes of weights step_weights_mb counts (no more, no fewer), and at the
+    small sizes the pass takes some time and returns."""
+    import bench_decoding
+
+    config = tb.ModelConfig.small(40)
+    model = bench_decoding.make_model(torch.device("cpu"), config)
+    linears = bench_decoding.step_linears(model)
+    assert len(linears) == 8 * config.num_layers + 1 and linears[-1] is model.generator
+    megabytes = sum(4 * linear.weight.numel() for linear in linears) / 1e6
+    assert megabytes == pytest.approx(bench_decoding.step_weights_mb(config))
+    assert bench_decoding.products_ms(model, batch=1, repeats=1) > 0
