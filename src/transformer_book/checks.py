@@ -74,13 +74,21 @@ def check_positive(value: int, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def check_positive_number(value: float, name: str, zero: bool = False) -> None:
-    """``value`` must be a real number above zero (a clipping norm, Adam's eps), or with
-    ``zero`` at least zero (a length penalty's exponent)."""
-    real = isinstance(value, int | float) and not isinstance(value, bool)
-    if not real or not (value >= 0 if zero else value > 0):
-        wanted = "a non-negative number" if zero else "a positive number"
-        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+def is_real(value: object) -> bool:
+    """Whether ``value`` is an ``int`` or a ``float`` (not a bool, not a string)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_positive_number(value: float, name: str) -> None:
+    """``value`` must be a real number above zero (a clipping norm, Adam's eps)."""
+    if not is_real(value) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def check_non_negative(value: float, name: str) -> None:
+    """``value`` must be a real number, zero or more (a length penalty's exponent)."""
+    if not is_real(value) or not value >= 0:
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
 
 
 def check_probability(value: float, name: str) -> None:

@@ -14,8 +14,8 @@ from torch import Tensor
 
 from .checks import (
     check_decoding,
+    check_non_negative,
     check_positive,
-    check_positive_number,
     check_tokens,
     trusted_ids,
 )
@@ -99,7 +99,7 @@ def beam_search(
     """
     check_decoding(model.config, src, max_tokens, bos_id, eos_id)
     check_positive(beam_size, "beam_size")
-    check_positive_number(alpha, "alpha", zero=True)
+    check_non_negative(alpha, "alpha")
     pad_id, vocab = model.config.pad_id, model.config.tgt_vocab_size
     batch, k = src.shape[0], beam_size
     device = src.device
