@@ -152,7 +152,7 @@ CASES = {
     ),
     "a step past a decoder-only cache": (
         lambda m: overfill(DecoderOnly(tb.ModelConfig.small(11, max_len=16)).eval()),
-        r"the cache holds 7 of its 7 positions: no room for 1 more",
+        r"the cache holds 7 of its 7 positions: no room for 1 more \(src and tgt \(2, 1\)\)",
     ),
     "a loss target outside the vocabulary": (
         lambda m: tb.LabelSmoothingLoss(11)(torch.randn(2, 3, 11), torch.tensor([[1, 2, 11], [-1, 2, 3]])),

@@ -235,17 +235,19 @@ def check_ids(ids: Tensor, name: str, vocab_size: int) -> None:
         )
 
 
-def check_cache_room(position: Tensor, new: Tensor, capacity: int) -> None:
+def check_cache_room(
+    position: Tensor, new: Tensor, capacity: int, name: str = "tgt"
+) -> None:
     """A KV cache at ``position`` (a 0-d tensor: the positions written) must have room for
-    the ``new (batch, new)`` ids of a step in its ``capacity`` slots; read only where
-    :func:`reads_values` says (a decoding loop sizes its cache for its steps)."""
+    the ``new (batch, new)`` ids of a step (called ``name``) in its ``capacity`` slots; read
+    only where :func:`reads_values` says (a decoding loop sizes its cache for its steps)."""
     if not reads_values(position):
         return
     written = int(position)
     if written + new.shape[1] > capacity:
         raise ValueError(
             f"the cache holds {written} of its {capacity} positions: no room for "
-            f"{new.shape[1]} more (tgt {shape_of(new)}); make a larger cache"
+            f"{new.shape[1]} more ({name} {shape_of(new)}); make a larger cache"
         )
 
 

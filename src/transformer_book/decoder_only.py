@@ -145,7 +145,7 @@ class DecoderOnly(nn.Module):
         if cache is None:
             x = self.positional(self.embed(tokens))
             return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
-        check_cache_room(cache.position, tokens, cache.visible.shape[-1])
+        check_cache_room(cache.position, tokens, cache.visible.shape[-1], "src and tgt")
         x = self.positional(self.embed(tokens), offset=cache.position)
         mask = cache.step_mask(tokens, self.config.pad_id)
         hidden = self.decoder(x, mask, cache)
