@@ -208,12 +208,11 @@ def step_linears(model: tb.Transformer) -> list[nn.Linear]:
     return [*linears, model.generator]
 
 
-def products_ms(model: tb.Transformer, batch: int, repeats: int) -> float:
+def products_ms(linears: list[nn.Linear], batch: int, repeats: int) -> float:
     """Milliseconds for one cached step's matrix products alone (:func:`step_linears`, each on a
     ``(batch, in_features)`` input), the fastest of ``repeats`` passes: what the step would cost if
     nothing but its products took time, on this machine's own matrix kernels."""
-    device = next(model.parameters()).device
-    linears = step_linears(model)
+    device = linears[0].weight.device
     inputs = [torch.randn(batch, linear.in_features, device=device) for linear in linears]
     best = float("inf")
     with torch.inference_mode():
@@ -349,11 +348,11 @@ def main() -> None:
         rows += run(device, config, batch, args.src_len, args.new_tokens, args.repeats, args.compiled)
     beams = run_beam(device, config, 1, args.src_len, max(args.new_tokens), args.beams, args.repeats)
     weights_mb = step_weights_mb(config)
-    model = make_model(device, config)
+    linears = step_linears(make_model(device, config))
     memory = {
         "step_weights_mb": weights_mb, "read_gb_per_s": read_gb_per_s(device, weights_mb, args.repeats * 4),
-        "products_batch": args.batches[0], "products_count": len(step_linears(model)),
-        "products_ms": products_ms(model, args.batches[0], args.repeats * 4),
+        "products_batch": args.batches[0], "products_count": len(linears),
+        "products_ms": products_ms(linears, args.batches[0], args.repeats * 4),
     }  # fmt: skip
     size = "small" if args.small else "base"
     title = (f"{device.type}, {size} sizes, vocabulary {args.vocab}, float32, source {args.src_len} tokens, "

@@ -39,6 +39,11 @@ class DecoderOnlyCache:
     visible: Tensor
     filled: bool = False
 
+    @property
+    def capacity(self) -> int:
+        """How many positions fit, the source's included."""
+        return self.visible.shape[-1]
+
     def step_mask(self, tokens: Tensor, pad_id: int) -> Tensor:
         """Mark the slots of this step's ``tokens (batch, new)``, from ``position`` on,
         visible where :func:`padding_mask` shows them, as the whole sequence's mask
@@ -47,7 +52,7 @@ class DecoderOnlyCache:
         own, the padding excepted."""
         queries = self.position + torch.arange(tokens.shape[1], device=tokens.device)
         self.visible.index_copy_(2, queries, padding_mask(tokens, pad_id))
-        slots = torch.arange(self.visible.shape[-1], device=tokens.device)
+        slots = torch.arange(self.capacity, device=tokens.device)
         return (slots <= queries[:, None])[None] & self.visible
 
     def reorder(self, index: Tensor) -> None:
@@ -145,7 +150,7 @@ class DecoderOnly(nn.Module):
         if cache is None:
             x = self.positional(self.embed(tokens))
             return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
-        check_cache_room(cache.position, tokens, cache.visible.shape[-1], "src and tgt")
+        check_cache_room(cache.position, tokens, cache.capacity, "src and tgt")
         x = self.positional(self.embed(tokens), offset=cache.position)
         mask = cache.step_mask(tokens, self.config.pad_id)
         hidden = self.decoder(x, mask, cache)
