@@ -4,7 +4,7 @@
     python scripts/make_numbers_checkpoints.py uniform    # only those named
 
 The encoder-decoder is trained by `numbers.train_numbers` with seed 0 (it stops when
-the validation set is translated perfectly); the decoder-only model by
+its exact match on the validation set reaches `numbers.RECIPE.target`); the decoder-only model by
 `numbers.train_numbers(decoder_only=True)` with the same seed, batch size and steps;
 "uniform" is the encoder-decoder trained for as many steps on numbers drawn uniformly
 from the whole range (section 11.2's lesson about test sets).

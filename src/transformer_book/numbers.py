@@ -148,9 +148,10 @@ def split_numbers(
 def sample_training(
     split: NumberSplit, count: int, rng: random.Random, uniform: bool = False
 ) -> list[int]:
-    """``count`` training numbers: a digit count uniformly, then a number of it
-    that is in neither held-out set (with ``uniform``: a number of the whole
-    range instead, as a careless sampler would)."""
+    """``count`` training numbers: a digit count uniformly, then a number of it;
+    a held-out number is drawn again, digit count and all, so the lengths of
+    which more is held out come up less often (with ``uniform``: a number of the
+    whole range instead, as a careless sampler would)."""
     held_out, numbers = split.held_out(), []
     while len(numbers) < count:
         n = rng.randrange(LIMIT) if uniform else rng.choice(stratum(rng.choice(DIGITS)))
@@ -447,7 +448,8 @@ def train_numbers(
     """Train the encoder–decoder (or, with ``decoder_only``, the
     :class:`DecoderOnly` of :data:`DECODER_ONLY`'s sizes) with :data:`RECIPE` and
     ``seed``; the weight average is scored on the validation set every
-    ``eval_every`` steps and training stops when it is perfect. With ``steps``,
+    ``eval_every`` steps and training stops once its exact match reaches
+    ``RECIPE.target``. With ``steps``,
     exactly that many steps and no validation; with ``uniform``, numbers drawn
     from the whole range."""
     if steps is not None:
