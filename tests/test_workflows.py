@@ -7,7 +7,8 @@
 - the book job builds with the README's build command, keeps the reports of a failed build,
   and deploys to GitHub Pages only from main;
 - a weekly job executes every chapter inside Colab's runtime image with the GPU passed through;
-- every action is pinned to a commit.
+- every action is pinned to a commit;
+- the README's Python examples run as printed.
 
 The self-hosted GPU runner's label is GPU_LABEL below; change it here and in the workflows.
 """
@@ -340,3 +341,19 @@ def test_weekly_job_executes_the_chapters_in_colabs_runtime_on_the_gpu():
 @pytest.mark.parametrize("name", sorted(WORKFLOWS))
 def test_workflow_can_be_run_by_hand(name):
     assert "workflow_dispatch" in (WORKFLOWS[name]["on"] or {}), f"{name}: add `workflow_dispatch:`"
+
+
+def test_readme_python_examples_run():
+    """The README's Python blocks run as printed, in one namespace (the compile block last: it
+    wraps the model the others build, and compiles nothing until the model is called)."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert len(blocks) >= 3
+    ordered = [b for b in blocks if "compile_model" not in b] + [b for b in blocks if "compile_model" in b]
+    namespace: dict = {}
+    for block in ordered:
+        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    trained = namespace["trained"]
+    dates = [trained.task.to_iso(row) for row in namespace["ids"]]
+    assert len(dates) == 3 and all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", d) for d in dates), dates
+    assert namespace["logits"].shape == (2, 10, 11)

@@ -265,16 +265,19 @@ def architecture_map(highlight: str) -> Diagram:
     c.text(col_x[0] - 4, top_of(5) - 18, "N× encoder layer", "s l")
     c.text(col_x[1] - 4, top_of(7) - 18, "N× decoder layer", "s l")
     # inputs, output and the memory
-    c.text(col_x[0] + w / 2, bottom + h + 32, "source ids  (B × n)", "s")
+    c.text(col_x[0] + w / 2, bottom + h + 32, "source ids  (batch × n)", "s")
     shifted = "hlt" if highlight in ("training", "inference") else ""
     c.text(
         col_x[1] + w / 2,
         bottom + h + 32,
-        "target ids, shifted right  (B × m)",
+        "target ids, shifted right  (batch × m)",
         "s " + shifted,
     )
     c.text(
-        col_x[1] + w / 2, top_of(8) - 22, "next-token probabilities  (B × m × V)", "s"
+        col_x[1] + w / 2,
+        top_of(8) - 22,
+        "next-token probabilities  (batch × m × V)",
+        "s",
     )
     c.arrow(col_x[1] + w / 2, top_of(8), col_x[1] + w / 2, top_of(8) - 14)
     mem_y = top_of(4) + h / 2
