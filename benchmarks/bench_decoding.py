@@ -24,7 +24,7 @@ The model is untrained, so EOS is made impossible (its logit bias set to -1e4) a
 decodes exactly the requested number of tokens. Each row reports milliseconds per generated
 token (the source's encoding included, once per call, as in use) and the speed-ups as medians
 over rounds of A B C C B A of the ratio within the round, with the lowest and highest round.
-Beam search (which always uses the cache) is timed per decoding step for a few beam sizes;
+Beam search (with the cache, its default) is timed per decoding step for a few beam sizes;
 with beam size 1 it must give greedy decoding's tokens. And since a cached step at a small batch
 is paced by memory (it reads every weight of the decoder to multiply it by a row or a few), the
 script reports how many megabytes of weights a step reads (``step_weights_mb``) and how fast a
