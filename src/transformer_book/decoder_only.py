@@ -46,7 +46,7 @@ class DecoderOnlyCache:
 
     def step_mask(self, tokens: Tensor, pad_id: int) -> Tensor:
         """Mark the slots of this step's ``tokens (batch, new)``, from ``position`` on,
-        visible where :func:`padding_mask` shows them, as the whole sequence's mask
+        visible where :func:`~transformer_book.masking.padding_mask` shows them, as the whole sequence's mask
         does (a model may pick the padding id as a word); then return the step's
         mask ``(batch, new, capacity)``: each new position sees the slots up to its
         own, the padding excepted."""

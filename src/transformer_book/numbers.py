@@ -162,7 +162,7 @@ def sample_training(
 
 # --- a learned subword vocabulary ----------------------------------------------
 
-#: A split rule: pieces never cross "und", "hundert" or "tausend".
+#: The split rule. Pieces never cross "und", "hundert" or "tausend".
 SPLIT_RULE = Regex("und|hundert|tausend")
 
 
@@ -310,7 +310,7 @@ class NumberTask:
 
 
 class JointTask:
-    """The task for :class:`DecoderOnly`: the English words, then ``<bos>``,
+    """The task for :class:`~transformer_book.decoder_only.DecoderOnly`: the English words, then ``<bos>``,
     the German pieces and ``<eos>``, as one sequence. One vocabulary: the
     German pieces' ids (``<pad>``, ``<bos>``, ``<eos>`` first), then the
     English words. Each source is padded on the left, so ``<bos>`` stands at
@@ -446,7 +446,7 @@ def train_numbers(
     decoder_only: bool = False,
 ) -> TrainedNumbers:
     """Train the encoder–decoder (or, with ``decoder_only``, the
-    :class:`DecoderOnly` of :data:`DECODER_ONLY`'s sizes) with :data:`RECIPE` and
+    :class:`~transformer_book.decoder_only.DecoderOnly` of ``DECODER_ONLY``'s sizes) with ``RECIPE`` and
     ``seed``; the weight average is scored on the validation set every
     ``eval_every`` steps and training stops once its exact match reaches
     ``RECIPE.target``. With ``steps``,
@@ -502,8 +502,8 @@ def checkpoint_state(trained: TrainedNumbers) -> dict:
 
 
 def same_recipe(stored: dict) -> bool:
-    """Whether a checkpoint's recipe is :data:`RECIPE` (a field added to
-    ``Recipe`` since counts as the same while :data:`RECIPE` keeps its default)."""
+    """Whether a checkpoint's recipe is ``RECIPE`` (a field added to
+    ``Recipe`` since counts as the same while ``RECIPE`` keeps its default)."""
     now = dataclasses.asdict(RECIPE)
     defaults = {
         f.name: f.default for f in dataclasses.fields(Recipe) if f.name not in stored
@@ -537,8 +537,8 @@ def trained_numbers(
     name: str = "encoder_decoder", device: torch.device | None = None
 ) -> TrainedNumbers:
     """A shipped model, in evaluation mode, with its task (the tokenizer it
-    was trained with): ``"encoder_decoder"`` (a :class:`Transformer`),
-    ``"decoder_only"`` (a :class:`DecoderOnly`) or ``"uniform"`` (the
+    was trained with): ``"encoder_decoder"`` (a :class:`~transformer_book.model.Transformer`),
+    ``"decoder_only"`` (a :class:`~transformer_book.decoder_only.DecoderOnly`) or ``"uniform"`` (the
     encoder–decoder trained on numbers drawn uniformly, section 11.2)."""
     state = read_numbers_checkpoint(name)
     task = NumberTask(tokenizer=Tokenizer.from_str(state["tokenizer"]))
