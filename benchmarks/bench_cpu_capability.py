@@ -27,7 +27,8 @@ set is AVX-512 runs it and AVX2; any other runs its default alone.
 
 A run with the default options writes ``benchmarks/results/cpu_capability.json``, which appendix C
 renders (a CPU without AVX-512, which runs one kernel set, writes ``cpu_capability_<set>.json``,
-which no page reads); a shorter run only prints its tables.
+which no page reads); ``--results NAME`` writes ``results/NAME.json`` instead, as for a second
+machine's run; a shorter run only prints its tables.
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ def main() -> None:
     parser.add_argument("--values", type=int, default=VALUES)
     parser.add_argument("--min-run-time", type=float, default=0.1, help="seconds per softmax timing")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--results", help="write results/<RESULTS>.json (a default run writes cpu_capability.json)")
     args = parser.parse_args()
     if args.child:
         torch.set_num_threads(1)
@@ -212,10 +214,11 @@ def main() -> None:
     result = summarise(runs) | {"values": args.values}
     torch.set_num_threads(1)  # as in the runs: the results file's machine line names one thread
     report(result)
-    if vars(args) != vars(parser.parse_args([])):
+    if vars(args) | {"results": None} != vars(parser.parse_args([])):
         return print("\nnot written: only a run with the default options writes the results file")
     # The appendix compares two kernel sets: a CPU with one writes a file of its own.
-    write_results("cpu_capability" if len(sets) > 1 else f"cpu_capability_{default.lower()}", result)
+    default_name = "cpu_capability" if len(sets) > 1 else f"cpu_capability_{default.lower()}"
+    write_results(args.results or default_name, result)
 
 
 if __name__ == "__main__":
