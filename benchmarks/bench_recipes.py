@@ -110,7 +110,7 @@ def main() -> int:
             line = summary(name, rows)
             print(json.dumps(line))
             report["recipes"][name] = {"summary": line, "seeds": rows, "recipe": dataclasses.asdict(tb.recipe(name)),
-                                       "date": date.today().isoformat()}  # fmt: skip
+                                       "stay": args.stay, "date": date.today().isoformat()}  # fmt: skip
     write_results("recipes", report)
     return 0 if all(r["summary"]["failures"] == 0 for r in report["recipes"].values()) else 1
 
