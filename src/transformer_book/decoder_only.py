@@ -45,11 +45,11 @@ class DecoderOnlyCache:
         return self.visible.shape[-1]
 
     def step_mask(self, tokens: Tensor, pad_id: int) -> Tensor:
-        """Mark the slots of this step's ``tokens (batch, new)``, from ``position`` on,
-        visible where :func:`~transformer_book.masking.padding_mask` shows them, as the whole sequence's mask
-        does (a model may pick the padding id as a word); then return the step's
-        mask ``(batch, new, capacity)``: each new position sees the slots up to its
-        own, the padding excepted."""
+        """Mark the slots of this step's ``tokens (batch, new)``, from ``position``
+        on, visible where :func:`~transformer_book.masking.padding_mask` shows
+        them, as the whole sequence's mask does (a model may pick the padding id
+        as a word); then return the step's mask ``(batch, new, capacity)``: each
+        new position sees the slots up to its own, the padding excepted."""
         queries = self.position + torch.arange(tokens.shape[1], device=tokens.device)
         self.visible.index_copy_(2, queries, padding_mask(tokens, pad_id))
         slots = torch.arange(self.capacity, device=tokens.device)

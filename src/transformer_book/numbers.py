@@ -310,11 +310,12 @@ class NumberTask:
 
 
 class JointTask:
-    """The task for :class:`~transformer_book.decoder_only.DecoderOnly`: the English words, then ``<bos>``,
-    the German pieces and ``<eos>``, as one sequence. One vocabulary: the
-    German pieces' ids (``<pad>``, ``<bos>``, ``<eos>`` first), then the
-    English words. Each source is padded on the left, so ``<bos>`` stands at
-    the same position in every row. The loss reads only the German part."""
+    """The task for :class:`~transformer_book.decoder_only.DecoderOnly`: the
+    English words, then ``<bos>``, the German pieces and ``<eos>``, as one
+    sequence. One vocabulary: the German pieces' ids (``<pad>``, ``<bos>``,
+    ``<eos>`` first), then the English words. Each source is padded on the left,
+    so ``<bos>`` stands at the same position in every row. The loss reads only
+    the German part."""
 
     def __init__(self, task: NumberTask) -> None:
         self.task = task
@@ -446,12 +447,11 @@ def train_numbers(
     decoder_only: bool = False,
 ) -> TrainedNumbers:
     """Train the encoder–decoder (or, with ``decoder_only``, the
-    :class:`~transformer_book.decoder_only.DecoderOnly` of ``DECODER_ONLY``'s sizes) with ``RECIPE`` and
-    ``seed``; the weight average is scored on the validation set every
-    ``eval_every`` steps and training stops once its exact match reaches
-    ``RECIPE.target``. With ``steps``,
-    exactly that many steps and no validation; with ``uniform``, numbers drawn
-    from the whole range."""
+    :class:`~transformer_book.decoder_only.DecoderOnly` of ``DECODER_ONLY``'s
+    sizes) with ``RECIPE`` and ``seed``; the weight average is scored on the
+    validation set every ``eval_every`` steps, and training stops once its exact
+    match reaches ``RECIPE.target``. With ``steps``, exactly that many steps and
+    no validation; with ``uniform``, numbers drawn from the whole range."""
     if steps is not None:
         check_positive(steps, "steps")
     device = device or torch.device("cpu")
@@ -537,8 +537,9 @@ def trained_numbers(
     name: str = "encoder_decoder", device: torch.device | None = None
 ) -> TrainedNumbers:
     """A shipped model, in evaluation mode, with its task (the tokenizer it
-    was trained with): ``"encoder_decoder"`` (a :class:`~transformer_book.model.Transformer`),
-    ``"decoder_only"`` (a :class:`~transformer_book.decoder_only.DecoderOnly`) or ``"uniform"`` (the
+    was trained with): ``"encoder_decoder"`` (a
+    :class:`~transformer_book.model.Transformer`), ``"decoder_only"`` (a
+    :class:`~transformer_book.decoder_only.DecoderOnly`) or ``"uniform"`` (the
     encoder–decoder trained on numbers drawn uniformly, section 11.2)."""
     state = read_numbers_checkpoint(name)
     task = NumberTask(tokenizer=Tokenizer.from_str(state["tokenizer"]))
