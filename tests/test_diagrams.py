@@ -48,6 +48,42 @@ def test_the_numbers_in_a_diagram_come_from_its_arguments():
     assert "9×9" in diagrams.qkv_scores(9, 32, 8).svg
 
 
+def _table_rows(svg: str) -> list[tuple[float, float, bool, str]]:
+    """The embedding table's boxes (x = 200): top, bottom, highlighted, label."""
+    children = list(ET.fromstring(svg))
+    return [
+        (
+            float(rect.get("y")),
+            float(rect.get("y")) + float(rect.get("height")),
+            "f-emb" in rect.get("class"),
+            text.text,
+        )
+        for rect, text in zip(children, children[1:])
+        if rect.tag == SVG + "rect" and rect.get("x") == "200" and text.tag == SVG + "text"
+    ]
+
+
+@pytest.mark.parametrize(
+    "ids, vocab_size", [([1, 4, 7, 2], 11), ([10, 0, 5], 11), ([3, 7, 1], 9), ([3, 700, 36999, 699], 37000)]
+)
+def test_embedding_lookup_sends_every_id_to_the_box_of_its_own_row(ids, vocab_size):
+    svg = diagrams.embedding_lookup(ids, vocab_size, 512).svg
+    rows = _table_rows(svg)
+    highlighted = sorted(label for _, _, on, label in rows if on)
+    assert highlighted == sorted({f"row {token}" for token in ids})
+    labels = [label for *_, label in rows]
+    if vocab_size <= 12:  # a small table is drawn whole, in order
+        assert labels == [f"row {r}" for r in range(vocab_size)]
+    else:  # the first row, the ids' rows and the last row, with "…" for the rows left out
+        assert labels[0] == "row 0" and labels[-1] == f"row {vocab_size - 1}" and "…" in labels
+    # the arrow from each id box (x = 105) ends inside the box labelled with its row
+    ends = re.findall(r'x1="105\.0" y1="[\d.]+" x2="200\.0" y2="([\d.]+)"', svg)
+    assert len(ends) == len(ids)
+    for token, end in zip(ids, ends):
+        [label] = [label for top, bottom, _, label in rows if top < float(end) < bottom]
+        assert label == f"row {token}"
+
+
 def test_architecture_map_highlights_exactly_the_chapter_blocks():
     for part, (blocks, what) in diagrams.CHAPTER_PARTS.items():
         svg = diagrams.architecture_map(part).svg
@@ -66,6 +102,8 @@ def test_bad_arguments_are_named():
         diagrams.mask_grids([7], 6)
     with pytest.raises(ValueError, match="ids"):
         diagrams.embedding_lookup([], 11, 8)
+    with pytest.raises(ValueError, match=r"ids must lie in 0\.\.10"):
+        diagrams.embedding_lookup([3, 11], 11, 8)
 
 
 # --- every chapter: the map, a diagram, the exercises -------------------------------------------------

@@ -359,41 +359,42 @@ def recurrent_vs_attention(n: int = 5, steps: int = 3) -> Diagram:
 
 
 def embedding_lookup(ids: Sequence[int], vocab_size: int, d_model: int) -> Diagram:
-    """Chapter 1: token ids pick rows of the ``vocab_size × d_model`` table, then × √d_model."""
+    """Chapter 1: token ids pick rows of the ``vocab_size × d_model`` table, then × √d_model.
+
+    A table of up to 12 rows is drawn whole; a larger one shows row 0, the rows of ``ids``
+    and the last row, with "…" where rows are left out. Each id's arrow ends at its own row.
+    """
     if not ids:
         raise ValueError("ids must not be empty")
-    rows = min(vocab_size, 8)
+    if not all(0 <= token < vocab_size for token in ids):
+        raise ValueError(f"ids must lie in 0..{vocab_size - 1}, got {list(ids)}")
+    wanted = list(range(vocab_size))
+    if vocab_size > 12:  # row 0, the rows of the ids and the last row
+        wanted = sorted({0, *ids, vocab_size - 1})
+    # The table's boxes, top to bottom: a row, or None for "…".
+    slots: list[int | None] = []
+    for previous, r in zip([-1, *wanted], wanted):
+        slots += [None, r] if r > previous + 1 else [r]
+    top = {r: 40 + k * 24 for k, r in enumerate(slots) if r is not None}
     c = Canvas()
     c.text(80, 14, "token ids", "b")
     c.text(300, 14, f"embedding table  {vocab_size} × {d_model}", "b")
     c.text(560, 14, f"vectors × √{d_model}", "b")
-    shown = [i for i in range(rows)]
     for k, token in enumerate(ids):
         y = 40 + k * 30
         c.box(55, y, 50, 24, "emb", str(token))
         c.box(470, y, 180, 24, "emb", f"row {token} × {math.sqrt(d_model):.2f}")
-        c.arrow(105, y + 12, 200, 40 + (token % rows) * 24 + 12, "dim")
-        c.arrow(410, 40 + (token % rows) * 24 + 12, 470, y + 12)
-    for r in shown:
-        label = (
-            f"row {r}"
-            if r < rows - 1 or vocab_size <= rows
-            else f"… row {vocab_size - 1}"
-        )
-        c.box(
-            200,
-            40 + r * 24,
-            210,
-            24,
-            "emb" if r in {t % rows for t in ids} else "off",
-            label,
-            rx=0,
-        )
-    height = max(60 + len(ids) * 30, 60 + rows * 24)
+        c.arrow(105, y + 12, 200, top[token] + 12, "dim")
+        c.arrow(410, top[token] + 12, 470, y + 12)
+    for k, r in enumerate(slots):
+        kind = "emb" if r in ids else "off"
+        label = "…" if r is None else f"row {r}"
+        c.box(200, 40 + k * 24, 210, 24, kind, label, rx=0)
+    height = max(60 + len(ids) * 30, 60 + len(slots) * 24)
     alt = (
         f"Each of the token ids {', '.join(map(str, ids))} selects one row of the {vocab_size} by {d_model} "
-        f"embedding table; the selected rows, multiplied by the square root of {d_model}, are the vectors "
-        "that enter the model."
+        "embedding table, the row with its own number; the selected rows, multiplied by the square root "
+        f"of {d_model}, are the vectors that enter the model."
     )
     return c.render(680, height, "Token ids to vectors", alt)
 
