@@ -8,16 +8,15 @@ tokens (asserted before anything is timed):
 - ``no cache``: ``tb.greedy_decode(..., use_cache=False)``: each step runs the decoder over the
   whole prefix again, so the work grows with the square of the output length;
 - ``compiled``: the cached step compiled whole (``tb.compile_model``, ``fullgraph=True``; on a
-  GPU ``mode="reduce-overhead"``, which replays the step as a CUDA graph; on a CPU with
-  Inductor's ``cpp_wrapper``, which calls the step's kernels from C++ instead of Python, since a
-  batch-1 step is hundreds of small calls), driven by the loop below under
+  GPU ``mode="reduce-overhead"``, which replays the step as a CUDA graph; on a CPU with two of
+  Inductor's options, :func:`compile_options` says which and why), driven by the loop below under
   ``tb.trusted_ids()``. Its cache lives in the buffers of a module (:class:`StaticStep`),
   because torch.compile takes a module's tensors to stay where they are, as its parameters do,
   and a CUDA graph may write in place only into memory that stays put. Its first call, the
   compilation, is timed on its own (``compile_s``);
 - ``compiled no cache``: the recomputing step compiled (:class:`RecomputeStep`), with
   ``dynamic=True``, since its prefix grows by a token each step: one graph for every length
-  (on a CPU with ``cpp_wrapper`` too; on a GPU without CUDA graphs, which would record one
+  (on a CPU with the same options; on a GPU without CUDA graphs, which would record one
   graph per length). Against ``compiled``, it measures what the cache buys a compiled decoder.
 
 The model is untrained, so EOS is made impossible (its logit bias set to -1e4) and every way
@@ -39,7 +38,10 @@ on a CPU, ``results/decoding_cuda.json`` on a GPU; ``--results NAME`` writes ``r
 (appendix C also shows ``decoding_second_cpu.json``, the default run on another CPU). The script
 also times the step's matrix products alone (``products_ms``, at the first batch size), the
 same modules on inputs of the step's shapes: set beside the step's time and the plain sum's
-pace, it says whether the matrix kernels or everything around them set a step's cost.
+pace, it says whether the matrix kernels or everything around them set a step's cost. On a
+CPU it times them on one thread too (``products_one_thread_ms``): where the two are alike, the
+library ran its matrix-vector products on one core, whatever the thread count. The options the
+compiled steps were built with are in the file (``compile_options``).
 """
 
 from __future__ import annotations
@@ -68,11 +70,22 @@ BOS, EOS = 1, 2
 
 def compile_options(device: torch.device, dynamic: bool) -> dict:
     """``tb.compile_model``'s options for a decoding step: on a GPU a CUDA graph where the shapes
-    are fixed; on a CPU Inductor's C++ wrapper, which calls the kernels from C++ (a batch-1 step
-    is hundreds of small calls: on a 2-core Xeon it took a fifth to a quarter off the step)."""
+    are fixed. On a CPU two of Inductor's options (``torch.compile``'s ``options``):
+
+    - ``cpp_wrapper``: the step's kernels are called from C++, not from generated Python (a
+      batch-1 step is hundreds of small calls: on a 2-core Xeon it took a fifth to a quarter
+      off the step);
+    - the ``decompose_mm_pass``: a product of one row by a matrix (no larger than 2,048 a
+      side) becomes a multiplication and a sum, which Inductor's loops run on every core. On a
+      2-core EPYC, MKL ran those products on one core, at a third of the pace at which a plain
+      sum read memory; decomposed, the base model's compiled cached step at batch 1 took less
+      time than the eager products alone (``results/decoding_second_cpu.json``). Larger
+      batches keep the library's products.
+    """
     if device.type == "cuda":
         return {"dynamic": dynamic} | ({} if dynamic else {"mode": "reduce-overhead"})
-    return {"dynamic": dynamic, "options": {"cpp_wrapper": True}}
+    inductor = {"cpp_wrapper": True, "post_grad_fusion_options": {"decompose_mm_pass": {}}}
+    return {"dynamic": dynamic, "options": inductor}
 
 
 class StaticStep(nn.Module):
@@ -226,6 +239,17 @@ def products_ms(linears: list[nn.Linear], batch: int, repeats: int) -> float:
     return best * 1e3
 
 
+def products_one_thread_ms(linears: list[nn.Linear], batch: int, repeats: int) -> float:
+    """:func:`products_ms` with PyTorch's intra-op threads set to one (restored after): beside
+    ``products_ms``, whether the library spread a step's products over the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return products_ms(linears, batch, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def read_gb_per_s(device: torch.device, megabytes: float, repeats: int) -> float:
     """GB/s of a plain sum over ``megabytes`` of float32, the fastest of ``repeats`` calls: about
     the pace at which this machine's memory delivers a step's weights to the cores."""
@@ -354,6 +378,8 @@ def main() -> None:
         "products_batch": args.batches[0], "products_count": len(linears),
         "products_ms": products_ms(linears, args.batches[0], args.repeats * 4),
     }  # fmt: skip
+    if device.type == "cpu":
+        memory["products_one_thread_ms"] = products_one_thread_ms(linears, args.batches[0], args.repeats * 4)
     size = "small" if args.small else "base"
     title = (f"{device.type}, {size} sizes, vocabulary {args.vocab}, float32, source {args.src_len} tokens, "
              f"{args.repeats} rounds of A B C C B A")  # fmt: skip
@@ -373,6 +399,7 @@ def main() -> None:
         f"\na cached step reads {weights_mb:.0f} MB of weights; a plain sum over as many bytes: "
         f"{memory['read_gb_per_s']:.1f} GB/s; its {memory['products_count']} matrix products alone, at batch "
         f"{memory['products_batch']}: {memory['products_ms']:.2f} ms ({weights_mb / memory['products_ms']:.1f} GB/s)"
+        + (f", on one thread {memory['products_one_thread_ms']:.2f} ms" if "products_one_thread_ms" in memory else "")
     )
     print_table(
         f"Beam search (KV cache), batch 1, {max(args.new_tokens)} new tokens — {title}",
@@ -381,8 +408,9 @@ def main() -> None:
     )  # fmt: skip
     if default_run or args.results:  # appendix C reads the default runs, and those it names
         name = args.results or ("decoding_cuda" if device.type == "cuda" else "decoding")
+        options = {"cached": compile_options(device, dynamic=False), "recompute": compile_options(device, dynamic=True)}
         write_results(name, {"title": title, "config": dataclasses.asdict(config), "src_len": args.src_len,
-                             **memory, "greedy": rows, "beam": beams})  # fmt: skip
+                             **memory, "compile_options": options, "greedy": rows, "beam": beams})  # fmt: skip
 
 
 if __name__ == "__main__":

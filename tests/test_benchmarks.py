@@ -68,3 +68,23 @@ def test_the_decoding_step_products_are_the_weights_a_step_reads():
     megabytes = sum(4 * linear.weight.numel() for linear in linears) / 1e6
     assert megabytes == pytest.approx(bench_decoding.step_weights_mb(config))
     assert bench_decoding.products_ms(linears, batch=1, repeats=1) > 0
+    threads = torch.get_num_threads()
+    assert bench_decoding.products_one_thread_ms(linears, batch=1, repeats=1) > 0
+    assert torch.get_num_threads() == threads  # restored
+
+
+def test_the_decoding_steps_compile_options_are_recorded_as_json():
+    """On a CPU both compiled steps decompose batch-1 products (the pass appendix C describes)
+    and call their kernels from C++; on a GPU the cached step is a CUDA graph. The results file
+    keeps the options, so they must survive JSON."""
+    import json
+
+    import bench_decoding
+
+    for dynamic in (False, True):
+        cpu = bench_decoding.compile_options(torch.device("cpu"), dynamic)
+        assert cpu["dynamic"] is dynamic and cpu["options"]["cpp_wrapper"] is True
+        assert "decompose_mm_pass" in cpu["options"]["post_grad_fusion_options"]
+        assert json.loads(json.dumps(cpu)) == cpu
+    assert bench_decoding.compile_options(torch.device("cuda"), False) == {"dynamic": False, "mode": "reduce-overhead"}
+    assert bench_decoding.compile_options(torch.device("cuda"), True) == {"dynamic": True}
