@@ -115,6 +115,24 @@ def test_beam_search_returns_valid_sequences(model):
     assert (out != 0).any(dim=0)[-1]  # no all-padding column left at the end
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 9), (6, 1, 9), (1, 9)], ids=["batch-1", "per-row", "no-batch-axis"])
+def test_beam_search_takes_a_source_mask_that_broadcasts_as_greedy_does(model, shape):
+    """A mask that hides the last 3 source positions of every row, with a batch axis of 1,
+    one row per source or none: each beam of a source meets its source's row, so every
+    shape gives the tokens of the per-row mask (before, a batch axis of 1 or none was
+    repeated once per beam along the wrong axis)."""
+    src = source_batch()[[0, 1, 3, 5]].repeat(2, 1)[:6]  # no padding: the mask is all ours
+    visible = torch.arange(9) < 6
+    mask = visible.expand(shape).clone()
+    per_row = visible.expand(6, 1, 9).clone()
+    for beams in (1, 3):
+        expected = tb.beam_search(model, src, 12, BOS, EOS, beam_size=beams, src_mask=per_row)
+        got = tb.beam_search(model, src, 12, BOS, EOS, beam_size=beams, src_mask=mask)
+        assert torch.equal(got, expected), (shape, beams)
+    assert torch.equal(tb.greedy_decode(model, src, 12, BOS, EOS, src_mask=mask),
+                       tb.beam_search(model, src, 12, BOS, EOS, beam_size=1, src_mask=mask))  # fmt: skip
+
+
 def test_record_attention_sees_every_step_of_greedy_decoding(model):
     src = source_batch()[:1]
     with tb.record_attention(model) as maps:

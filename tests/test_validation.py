@@ -105,15 +105,101 @@ CASES = {
         lambda m: tb.ModelConfig(11, 12, share_embeddings=True),
         r"src_vocab_size=11 and tgt_vocab_size=12",
     ),
-    "pad id outside the vocabulary": (lambda m: tb.ModelConfig(11, 11, pad_id=11), r"pad_id=11"),
+    "pad id outside the vocabulary": (
+        lambda m: tb.ModelConfig(11, 11, pad_id=11),
+        r"pad_id must be an id of the vocabulary, an int in \[0, 11\), got 11",
+    ),
+    "a float pad id, which would hide no padding": (
+        lambda m: tb.ModelConfig(11, 11, pad_id=1.5),
+        r"pad_id must be an id of the vocabulary, an int in \[0, 11\), got 1.5",
+    ),
+    "a flag given as a string": (
+        lambda m: tb.ModelConfig.small(11, norm_first="no"),
+        r"norm_first must be of type bool, got str",
+    ),
+    "a dropout rate given as a string": (
+        lambda m: tb.ModelConfig.small(11, dropout="0.1"),
+        r"dropout must be in \[0, 1\), got '0.1'",
+    ),
     "positional offset beyond max_len": (
         lambda m: tb.PositionalEncoding(16, max_len=8)(torch.randn(1, 4, 16), offset=6),
         r"positions 6..9 of x with shape \(1, 4, 16\) exceed max_len=8",
     ),
     "eos outside the target vocabulary": (
         lambda m: tb.greedy_decode(m, ids, max_tokens=5, bos_id=1, eos_id=99),
-        r"eos_id=99 is not an id of the target vocabulary \(size 11\)",
+        r"eos_id must be an id of the vocabulary, an int in \[0, 11\), got 99",
     ),
+    "a float bos id, which a tensor would truncate": (
+        lambda m: tb.beam_search(m, ids, max_tokens=5, bos_id=1.5, eos_id=2),
+        r"bos_id must be an id of the vocabulary, an int in \[0, 11\), got 1.5",
+    ),
+    "bos is the padding id": (
+        lambda m: tb.greedy_decode(m, ids, max_tokens=5, bos_id=0, eos_id=2),
+        r"bos_id=0 is the padding id",
+    ),
+    "a cache made for another memory": (
+        lambda m: m.decode(torch.randn(2, 3, 64), ids[:, :1], cache=m.decoder.new_cache(m.encode(ids), 4)),
+        r"memory \(2, 3, 64\) is not the memory the cache was made for \(2 rows of 5 positions\)",
+    ),
+    "a cache of another model's decoder": (
+        lambda m: m.decode(
+            m.encode(ids),
+            ids[:, :1],
+            cache=tb.make_model(tb.ModelConfig.small(11, num_layers=1)).decoder.new_cache(m.encode(ids), 4),
+        ),
+        r"the cache has 1 layers but the decoder has 2",
+    ),
+    "a one-slot mask over a cache": (
+        lambda m: m.decode(
+            m.encode(ids), ids[:, :1], tgt_mask=tb.causal_mask(1), cache=m.decoder.new_cache(m.encode(ids), 4)
+        ),
+        r"tgt_mask with shape \(1, 1, 1\): with a cache its last axis must be the cache's 4 slots",
+    ),
+    "a chunked loss whose hidden states and targets do not line up": (
+        lambda m: tb.chunked_loss(torch.randn(2, 5, 64), m.generator, ids[:, :4], tb.LabelSmoothingLoss(11), 4),
+        r"hidden \(2, 5, 64\) must be target \(2, 4\) plus a last axis",
+    ),
+    "a learning-rate factor of -1": (
+        lambda m: tb.noam_rate(10, 64, 100, factor=-1.0),
+        r"factor must be a positive number",
+    ),
+    "resuming past the last step": (
+        lambda m: tb.fit(m, lambda step: first_batch(), 3, torch.optim.SGD(m.parameters(), lr=0.0), start_step=5),
+        r"start_step must be an int in \[0, steps=3\), got 5",
+    ),
+    "fit given noam_optimizer's pair": (
+        lambda m: tb.fit(m, lambda step: first_batch(), 1, tb.noam_optimizer(m, 64, 10), progress=False),
+        r"optimizer must be of type Optimizer, got tuple",
+    ),
+    "an exact match of nothing": (
+        lambda m: tb.exact_match(m, ids[:0], ids[:0], 1, 2),
+        r"src \(0, 5\) and tgt \(0, 5\) must be 2-d with the same number of rows, at least one",
+    ),
+    "an integer seed for a task's draws": (
+        lambda m: tb.CopyTask(held_out=10).train_batch(4, rng=0),
+        r"rng must be of type Random, got int",
+    ),
+    "ids the vocabulary does not have": (
+        lambda m: tb.Vocabulary("abc").decode([3, -1, 99]),
+        r"ids not in the vocabulary of 6 tokens: \[-1, 99\]",
+    ),
+    "a batch from lists": (
+        lambda m: tb.Batch.from_pairs([[1, 2, 3]], [[1, 2, 3]]),
+        r"src must be of type Tensor, got list",
+    ),
+    "cross-attention of a decoder-only model": (
+        lambda m: nums.cross_attention(DecoderOnly(tb.ModelConfig.small(11)), None, 97),
+        r"model \(a decoder-only model has no cross-attention\) must be of type Transformer, got DecoderOnly",
+    ),
+    "numbers of a part that is not held out": (
+        lambda m: nums.NumberTask().numbers("train"),
+        r"part must be one of \['test', 'validation'\], got 'train'",
+    ),
+    "a recipe with a misspelt task": (
+        lambda m: tb.Recipe("copyy", 0.1, 32, 100, 1.0, None, 1e-9, 100, 10, 1.0),
+        r"task must be one of \['copy', 'dates', 'numbers'\], got 'copyy'",
+    ),
+    "a device that is not one": (lambda m: tb.describe_environment("gpu0"), r"device must be a torch.device or a name"),
     "decoding longer than the model's max_len": (
         lambda m: tb.beam_search(m, ids, max_tokens=20, bos_id=1, eos_id=2),
         r"max_tokens=20 must be at least 2 .* and at most the model's max_len=16",

@@ -92,9 +92,22 @@ def check_non_negative(value: float, name: str) -> None:
 
 
 def check_probability(value: float, name: str) -> None:
-    """``value`` must lie in ``[0, 1)`` (a dropout rate, a smoothing mass)."""
-    if not 0.0 <= float(value) < 1.0:
+    """``value`` must be a real number in ``[0, 1)`` (a dropout rate, a smoothing mass)."""
+    if not is_real(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+
+
+def check_id(value: int, name: str, vocab_size: int) -> None:
+    """``value`` must be an id of a vocabulary of ``vocab_size``: an ``int`` (not a bool, not
+    a float, which a tensor would silently truncate) in ``[0, vocab_size)``."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not 0 <= value < vocab_size
+    ):
+        raise ValueError(
+            f"{name} must be an id of the vocabulary, an int in [0, {vocab_size}), got {value!r}"
+        )
 
 
 def check_embedding(
@@ -107,10 +120,8 @@ def check_embedding(
     the message) an id of the vocabulary."""
     check_positive(vocab_size, "vocab_size")
     check_positive(d_model, "d_model")
-    if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-        raise ValueError(
-            f"{name}={padding_idx} must be in [0, {vocab_size}), the vocabulary's ids"
-        )
+    if padding_idx is not None:
+        check_id(padding_idx, name, vocab_size)
 
 
 def check_encoding(max_len: int, d_model: int) -> None:
@@ -140,10 +151,7 @@ def check_smoothing(vocab_size: int, smoothing: float, pad_id: int) -> None:
         raise ValueError(
             f"vocab_size must be at least 3 (padding, the right token, another), got {vocab_size!r}"
         )
-    if not 0 <= pad_id < vocab_size:
-        raise ValueError(
-            f"pad_id={pad_id} is not an id of the vocabulary (size {vocab_size})"
-        )
+    check_id(pad_id, "pad_id", vocab_size)
 
 
 def check_schedule(
@@ -396,37 +404,114 @@ def check_target(
     src_mask: Tensor | None = None,
     tgt_mask: Tensor | None = None,
     cache: object = None,
+    num_layers: int | None = None,
 ) -> None:
     """The decoder's input: ids ``tgt (batch, new)`` in the vocabulary, at most ``max_len``
     positions, for a ``memory (batch, src_len, d_model)`` of the same batch; ``src_mask``
     broadcastable to ``(batch, new, src_len)``, ``tgt_mask`` to ``(batch, new, new)``, or with
-    a ``cache`` (a ``DecoderCache``) to ``(batch, new, capacity)``, where the capacity is at
-    most ``max_len`` and the ``new`` positions fit in what is left of it."""
+    a ``cache`` (a ``DecoderCache``, see :func:`check_cache`) to ``(batch, new, capacity)``,
+    its last axis the capacity itself."""
     check_tokens(tgt, "tgt", vocab_size)
     keys = tgt.shape[1] if cache is None else cache.capacity
     if cache is None and keys > max_len:
         raise ValueError(
             f"tgt reaches position {keys - 1} (shape {shape_of(tgt)}), beyond max_len={max_len}"
         )
-    if cache is not None and (keys > max_len or tgt.shape[1] > keys):
-        raise ValueError(
-            f"tgt {shape_of(tgt)} and a cache of capacity {keys}: the new positions must fit "
-            f"in the cache, and the cache in max_len={max_len}"
-        )
-    if cache is not None and cache.layers[0].self_attn.key.shape[0] != tgt.shape[0]:
-        raise ValueError(
-            f"tgt {shape_of(tgt)} and the cache's {cache.layers[0].self_attn.key.shape[0]} rows differ"
-        )
-    if cache is not None:
-        check_cache_room(cache.position, tgt, keys)
     require_tensor(memory, "memory")
     if memory.dim() != 3 or tgt.shape[0] != memory.shape[0]:
         raise ValueError(
             f"tgt {shape_of(tgt)} and memory {shape_of(memory)} must have the same batch size"
         )
+    if cache is not None:
+        check_cache(cache, tgt, memory, max_len, num_layers, tgt_mask)
     batch, new = tgt.shape
     check_mask(src_mask, "src_mask", (batch, new, memory.shape[1]), memory.device)
     check_mask(tgt_mask, "tgt_mask", (batch, new, keys), memory.device)
+
+
+def check_cache(
+    cache: object,
+    tgt: Tensor,
+    memory: Tensor,
+    max_len: int,
+    num_layers: int | None = None,
+    tgt_mask: Tensor | None = None,
+) -> None:
+    """A decoding step's ``cache`` (a ``DecoderCache``) for ``tgt (batch, new)`` and ``memory
+    (batch, src_len, d_model)``: one layer cache per decoder layer (``num_layers``, if
+    given), a capacity within ``max_len`` with room for the ``new`` positions, as many rows
+    as ``tgt``, the cross-attention keys of this very memory's length (the cache holds them,
+    projected when it was made, and would silently use them instead), and a ``tgt_mask``
+    whose last axis covers every slot (a last axis of 1 would let a step see the slots not
+    written yet)."""
+    capacity, rows = cache.capacity, cache.layers[0].self_attn.key.shape[0]
+    if num_layers is not None and len(cache.layers) != num_layers:
+        raise ValueError(
+            f"the cache has {len(cache.layers)} layers but the decoder has {num_layers}: "
+            "make the cache with this model's decoder.new_cache"
+        )
+    if capacity > max_len or tgt.shape[1] > capacity:
+        raise ValueError(
+            f"tgt {shape_of(tgt)} and a cache of capacity {capacity}: the new positions must fit "
+            f"in the cache, and the cache in max_len={max_len}"
+        )
+    if rows != tgt.shape[0]:
+        raise ValueError(f"tgt {shape_of(tgt)} and the cache's {rows} rows differ")
+    cross = cache.layers[0].cross_attn.key  # (batch, heads, src_len, d_head)
+    if (cross.shape[0], cross.shape[2]) != (memory.shape[0], memory.shape[1]):
+        raise ValueError(
+            f"memory {shape_of(memory)} is not the memory the cache was made for "
+            f"({cross.shape[0]} rows of {cross.shape[2]} positions): make a new cache"
+        )
+    if (
+        isinstance(tgt_mask, Tensor)
+        and tgt_mask.dim()
+        and tgt_mask.shape[-1] != capacity
+    ):
+        raise ValueError(
+            f"tgt_mask with shape {shape_of(tgt_mask)}: with a cache its last axis must be the "
+            f"cache's {capacity} slots (or leave it None for the cache's own mask)"
+        )
+    check_cache_room(cache.position, tgt, capacity)
+
+
+def check_aligned(hidden: Tensor, target: Tensor) -> None:
+    """``hidden (..., d_model)`` must hold one vector per id of ``target (...)``: the same
+    shape but for its last axis (else the loss would pair positions out of line)."""
+    require_tensor(hidden, "hidden")
+    require_tensor(target, "target")
+    if hidden.dim() < 1 or hidden.shape[:-1] != target.shape:
+        raise ValueError(
+            f"hidden {shape_of(hidden)} must be target {shape_of(target)} plus a last axis"
+        )
+
+
+def check_start(start_step: int, steps: int) -> None:
+    """A resumed run's ``start_step``: the steps already done, an int in ``[0, steps)``."""
+    if (
+        not isinstance(start_step, int)
+        or isinstance(start_step, bool)
+        or not 0 <= start_step < steps
+    ):
+        raise ValueError(
+            f"start_step must be an int in [0, steps={steps}), got {start_step!r}"
+        )
+
+
+def check_pairs(src: Tensor, tgt: Tensor) -> None:
+    """Sources and targets to score: ``src (n, S)`` and ``tgt (n, T)``, ``n`` at least 1."""
+    require_tensor(src, "src")
+    require_tensor(tgt, "tgt")
+    if (
+        src.dim() != 2
+        or tgt.dim() != 2
+        or src.shape[0] != tgt.shape[0]
+        or not src.shape[0]
+    ):
+        raise ValueError(
+            f"src {shape_of(src)} and tgt {shape_of(tgt)} must be 2-d with the same number of "
+            "rows, at least one"
+        )
 
 
 def check_decoding(
@@ -443,8 +528,10 @@ def check_decoding(
             f"max_tokens={max_tokens} must be at least 2 (BOS and one decoded token) and "
             f"at most the model's max_len={config.max_len}"
         )
-    for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if token is not None and not 0 <= token < config.tgt_vocab_size:
-            raise ValueError(
-                f"{name}={token} is not an id of the target vocabulary (size {config.tgt_vocab_size})"
-            )
+    check_id(bos_id, "bos_id", config.tgt_vocab_size)
+    if eos_id is not None:
+        check_id(eos_id, "eos_id", config.tgt_vocab_size)
+    if bos_id == config.pad_id:
+        raise ValueError(
+            f"bos_id={bos_id} is the padding id: the decoder would read its first token as padding"
+        )

@@ -27,14 +27,25 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor
 
-from .checks import check_positive, shape_of
+from .checks import check_positive, require_instance, require_tensor, shape_of
 from .masking import padding_mask, target_mask
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+
+
+def chooser(rng: random.Random | None) -> random.Random | ModuleType:
+    """``rng`` (a ``random.Random``, for a repeatable draw), or Python's global generator
+    when it is None; anything else is a ``ValueError`` (an int seed would fail, or, if 0,
+    silently draw from the global generator)."""
+    if rng is None:
+        return random  # the module's functions draw from its hidden Random instance
+    require_instance(rng, "rng", random.Random)
+    return rng
 
 
 class Vocabulary:
@@ -56,9 +67,15 @@ class Vocabulary:
 
     def decode(self, ids: Iterable[int], strip: bool = True) -> list[str]:
         """Ids back to tokens; with ``strip`` stop at ``<eos>`` and drop ``<bos>``/``<pad>``."""
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < len(self.tokens)]
+        if bad:
+            raise ValueError(
+                f"ids not in the vocabulary of {len(self.tokens)} tokens: {bad}"
+            )
         words = []
         for i in ids:
-            token = self.tokens[int(i)]
+            token = self.tokens[i]
             if strip and token == EOS:
                 break
             if not (strip and token in (PAD, BOS)):
@@ -87,6 +104,8 @@ class Batch:
     @classmethod
     def from_pairs(cls, src: Tensor, tgt: Tensor, pad_id: int = 0) -> Batch:
         """``src (B, S)`` and the full target ``tgt (B, T + 1)`` (BOS … EOS, then padding)."""
+        require_tensor(src, "src")
+        require_tensor(tgt, "tgt")
         if (
             src.dim() != 2
             or tgt.dim() != 2
@@ -275,7 +294,7 @@ class CopyTask:
         """A batch of fresh random sequences, none from the validation or test set;
         ``rng`` (a ``random.Random``) makes it repeatable."""
         check_positive(batch_size, "batch_size")
-        seed = (rng or random).getrandbits(63)
+        seed = chooser(rng).getrandbits(63)
         generator = torch.Generator().manual_seed(seed)
         data = torch.randint(
             1, self.vocab_size, (batch_size, self.length), generator=generator
@@ -411,9 +430,8 @@ class DateTask:
     def train_batch(self, batch_size: int, rng: random.Random | None = None) -> Batch:
         """A batch of training dates (never a validation or test one), drawn with ``rng`` (a ``random.Random``)."""
         check_positive(batch_size, "batch_size")
-        chooser = rng or random
         return Batch.from_pairs(
-            *self.encode(chooser.choices(self.train_dates, k=batch_size)),
+            *self.encode(chooser(rng).choices(self.train_dates, k=batch_size)),
             pad_id=self.src_vocab.pad_id,
         )
 

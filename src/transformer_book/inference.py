@@ -108,7 +108,10 @@ def beam_search(
     with trusted_ids():  # src was checked above; the rest are the model's own tokens
         # Each source is repeated once per beam: rows b*k .. b*k + k-1 are source b's.
         memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
-    memory_mask = src_mask.repeat_interleave(k, dim=0)
+    # Each beam of source b needs row b of the mask; one without a batch axis (or of batch
+    # 1, broadcast) serves every beam as it is.
+    batched = src_mask.dim() == 3 and src_mask.shape[0] != 1
+    memory_mask = src_mask.repeat_interleave(k, dim=0) if batched else src_mask
     cache = model.decoder.new_cache(memory, max_tokens - 1) if use_cache else None
 
     ys = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)

@@ -61,6 +61,8 @@ class ModelConfig:
         check_sizes(c.d_model, c.num_heads, c.dropout)
         check_positive(c.d_ff, "d_ff")
         check_positive(c.num_layers, "num_layers")
+        require_instance(c.norm_first, "norm_first", bool)
+        require_instance(c.share_embeddings, "share_embeddings", bool)
         if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
             raise ValueError(
                 "share_embeddings needs one vocabulary, got "
@@ -160,8 +162,9 @@ class Transformer(nn.Module):
         """
         c = self.config
         check_target(
-            tgt, memory, c.tgt_vocab_size, c.max_len, src_mask, tgt_mask, cache
-        )
+            tgt, memory, c.tgt_vocab_size, c.max_len, src_mask, tgt_mask, cache,
+            c.num_layers,
+        )  # fmt: skip
         if cache is None:
             offset = 0
             tgt_mask = target_mask(tgt, c.pad_id) if tgt_mask is None else tgt_mask
@@ -205,6 +208,7 @@ def init_weights(module: nn.Module) -> nn.Module:
     part of the model (an :class:`~transformer_book.encoder.Encoder`, a layer), so a chapter
     can build and initialise just that part.
     """
+    require_instance(module, "module", nn.Module)
     for parameter in module.parameters():  # tied matrices appear once
         if parameter.dim() > 1:
             nn.init.xavier_uniform_(parameter)

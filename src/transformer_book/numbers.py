@@ -36,7 +36,7 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from torch import Tensor, nn
 
 from .attention import record_attention
-from .checks import check_choice, check_positive
+from .checks import check_choice, check_positive, require_instance
 from .data import BOS, EOS, PAD, Batch, Vocabulary
 from .decoder_only import DecoderOnly
 from .inference import beam_search, greedy_decode
@@ -152,6 +152,8 @@ def sample_training(
     a held-out number is drawn again, digit count and all, so the lengths of
     which more is held out come up less often (with ``uniform``: a number of the
     whole range instead, as a careless sampler would)."""
+    check_positive(count, "count")
+    require_instance(rng, "rng", random.Random)
     held_out, numbers = split.held_out(), []
     while len(numbers) < count:
         n = rng.randrange(LIMIT) if uniform else rng.choice(stratum(rng.choice(DIGITS)))
@@ -294,6 +296,7 @@ class NumberTask:
 
     def numbers(self, part: str = "test") -> list[int]:
         """The ``"validation"`` or ``"test"`` numbers, by digit count."""
+        check_choice(part, "part", ("validation", "test"))
         return [n for ns in getattr(self.split, part).values() for n in ns]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -367,6 +370,9 @@ def cross_attention(
     ``(pieces + 1, words + 1)``. Row ``i`` is the step that writes the
     ``i``-th piece (the last writes ``<eos>``), column ``j`` the ``j``-th
     English word (the last is ``<eos>``)."""
+    require_instance(
+        model, "model (a decoder-only model has no cross-attention)", Transformer
+    )
     depth = len(model.decoder.layers)
     if layer is not None:
         check_choice(layer, "layer", range(-depth, depth))

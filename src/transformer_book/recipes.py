@@ -33,7 +33,7 @@ try:
 except ImportError:  # Python 3.10
     from importlib.abc import Traversable
 
-from .checks import check_choice
+from .checks import check_choice, check_positive
 from .data import Batch, CopyTask, DateTask
 from .model import ModelConfig, Transformer, make_model
 from .runtime import get_device, seed_everything
@@ -53,7 +53,7 @@ Task = CopyTask | DateTask
 class Recipe:
     """Everything that decides how one task is trained (see the module docstring)."""
 
-    task: str  # "copy" or "dates"
+    task: str  # "copy", "dates" or "numbers" (chapter 11's, made by transformer_book.numbers)
     dropout: float
     batch_size: int
     warmup: int  # steps of linear warm-up of the paper's schedule
@@ -74,8 +74,15 @@ class Recipe:
     # Evaluate and keep an average of the weights with this decay (fit's average).
     average: float | None = None
 
+    def __post_init__(self) -> None:
+        # The task's name only: the numbers are checked where they are used.
+        check_choice(self.task, "task", ("copy", "dates", "numbers"))
+
     def make_task(self, seed: int = 0) -> Task:
         """The task with its validation and test sets drawn from ``seed``."""
+        check_choice(
+            self.task, "task (numbers.NumberTask makes chapter 11's)", ("copy", "dates")
+        )
         return CopyTask(seed=seed) if self.task == "copy" else DateTask(seed=seed)
 
     def model_config(self, task: Task) -> ModelConfig:
@@ -134,6 +141,7 @@ def recipe(name: str) -> Recipe:
 def _accuracy(model: Transformer, pairs: tuple, task: Task, limit: int | None) -> float:
     src, tgt = pairs
     if limit is not None:
+        check_positive(limit, "limit")
         src, tgt = src[:limit], tgt[:limit]
     return exact_match(model, src, tgt, bos_id=task.bos_id, eos_id=task.eos_id)
 

@@ -60,6 +60,17 @@ def get_device() -> torch.device:
     return torch.device("cpu")
 
 
+def as_device(device: torch.device | str) -> torch.device:
+    """``device`` as a ``torch.device`` (``"cpu"``, ``"cuda:0"`` or a device itself); anything
+    else is a ``ValueError`` that names it."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device must be a torch.device or a name such as 'cpu' or 'cuda', got {device!r}"
+        ) from None
+
+
 def compile_unavailable(device: torch.device) -> str | None:
     """Why ``torch.compile`` cannot build kernels for ``device`` here, or None if it can.
 
@@ -77,7 +88,7 @@ def compile_unavailable(device: torch.device) -> str | None:
 
 
 def compile_model(
-    module: torch.nn.Module, device: torch.device | None = None, **options: Any
+    module: torch.nn.Module, device: torch.device | str | None = None, **options: Any
 ) -> torch.nn.Module:
     """``torch.compile(module, fullgraph=True, **options)`` where kernels can be built for
     ``device`` (the module's, by default); elsewhere ``module`` itself, eager, with a warning
@@ -92,7 +103,13 @@ def compile_model(
     """
     require_instance(module, "module", torch.nn.Module)
     if device is None:
-        device = next(iter(module.parameters())).device
+        parameter = next(iter(module.parameters()), None)
+        if parameter is None:
+            raise ValueError(
+                "module has no parameters to take its device from: pass device"
+            )
+        device = parameter.device
+    device = as_device(device)
     reason = compile_unavailable(device)
     if reason is not None:
         warnings.warn(f"running eagerly: {reason}", stacklevel=2)
@@ -134,9 +151,9 @@ def seed_everything(seed: int | None = None) -> int:
     return seed
 
 
-def describe_environment(device: torch.device | None = None) -> str:
+def describe_environment(device: torch.device | str | None = None) -> str:
     """One line with the device and the library versions, printed at the top of each chapter."""
-    device = device or get_device()
+    device = get_device() if device is None else as_device(device)
     name = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"

@@ -13,15 +13,17 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.checkpoint import checkpoint
 
 from .checks import (
+    check_aligned,
     check_logits,
+    check_pairs,
     check_positive,
     check_positive_number,
     check_probability,
     check_schedule,
     check_smoothing,
+    check_start,
     check_tokens,
     require_instance,
-    shape_of,
     trusted_ids,
 )
 from .data import Batch
@@ -77,6 +79,8 @@ def chunked_loss(
     exist at once. The same loss and gradients as the whole, up to float rounding.
     """
     check_positive(chunk, "chunk")
+    require_instance(loss_fn, "loss_fn", LabelSmoothingLoss)
+    check_aligned(hidden, target)
     h, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
     counted = t != loss_fn.pad_id
 
@@ -106,6 +110,7 @@ def noam_rate(
     """
     check_positive(d_model, "d_model")
     check_schedule(warmup, total_steps)
+    check_positive_number(factor, "factor")
     step = max(step, 1)
     rate = factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
     return rate if total_steps is None else rate * max(0.0, 1.0 - step / total_steps)
@@ -126,7 +131,9 @@ def noam_optimizer(
     gradient: with a tiny ``eps`` a parameter whose gradient is only rounding noise
     still moves by about the learning rate at every step; a larger ``eps`` damps it.
     """
+    require_instance(model, "model", nn.Module)
     check_schedule(warmup, total_steps, eps)
+    check_positive_number(factor, "factor")
     parameters = list(model.parameters())
     # Fused Adam: one kernel for all the parameters, not a loop of small operations.
     fused = all(p.device.type in ("cpu", "cuda") for p in parameters) or None
@@ -179,6 +186,7 @@ def train_step(
     """One teacher-forced step on ``batch`` (on the model's device): forward, the loss
     times ``loss_scale`` (torchrun's share per process), backward, the gradient norm
     clipped to ``clip_norm`` if given, the update. Returns ``(loss, lr it used)``."""
+    require_instance(batch, "batch", Batch)
     if clip_norm is not None:
         check_positive_number(clip_norm, "clip_norm")
     model.train()
@@ -242,6 +250,8 @@ def fit(
     checkpoint). A progress bar shows the loss and the learning rate.
     """
     check_positive(steps, "steps")
+    require_instance(optimizer, "optimizer", torch.optim.Optimizer)
+    check_start(start_step, steps)
     if eval_every:  # 0: only at the last step
         check_positive(eval_every, "eval_every")
     inner = model.module if isinstance(model, DistributedDataParallel) else model
@@ -321,10 +331,7 @@ def exact_match(
     ``src (n, S)``, ``tgt (n, T)`` with BOS first (and EOS, unless ``eos_id`` is None).
     """
     check_positive(batch_size, "batch_size")
-    if src.shape[0] != tgt.shape[0]:
-        raise ValueError(
-            f"src {shape_of(src)} and tgt {shape_of(tgt)} must have the same number of rows"
-        )
+    check_pairs(src, tgt)
     model.eval()
     device = next(model.parameters()).device
     pad_id = model.config.pad_id
