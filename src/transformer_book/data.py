@@ -32,7 +32,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from .checks import check_positive, require_instance, require_tensor, shape_of
+from .checks import check_pairs, check_positive, require_instance, shape_of
 from .masking import padding_mask, target_mask
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
@@ -104,17 +104,10 @@ class Batch:
     @classmethod
     def from_pairs(cls, src: Tensor, tgt: Tensor, pad_id: int = 0) -> Batch:
         """``src (B, S)`` and the full target ``tgt (B, T + 1)`` (BOS … EOS, then padding)."""
-        require_tensor(src, "src")
-        require_tensor(tgt, "tgt")
-        if (
-            src.dim() != 2
-            or tgt.dim() != 2
-            or src.shape[0] != tgt.shape[0]
-            or tgt.shape[1] < 2
-        ):
+        check_pairs(src, tgt)
+        if tgt.shape[1] < 2:
             raise ValueError(
-                f"src and tgt must be (batch, len) with the same batch and tgt at least 2 long, "
-                f"got src {shape_of(src)} and tgt {shape_of(tgt)}"
+                f"tgt {shape_of(tgt)} must be at least 2 long (BOS, then one token)"
             )
         tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
         return cls(
