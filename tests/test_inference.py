@@ -133,6 +133,16 @@ def test_beam_search_takes_a_source_mask_that_broadcasts_as_greedy_does(model, s
                        tb.beam_search(model, src, 12, BOS, EOS, beam_size=1, src_mask=mask))  # fmt: skip
 
 
+def test_decoding_a_model_in_training_mode_warns_that_dropout_is_on(model):
+    src = source_batch()
+    model.train()
+    for decode in (tb.greedy_decode, tb.beam_search):
+        with pytest.warns(UserWarning, match="training mode, so dropout is on") as caught:
+            decode(model, src, 5, BOS, EOS)
+        assert caught[0].filename == __file__  # it points at the caller's line
+    model.eval()
+
+
 def test_record_attention_sees_every_step_of_greedy_decoding(model):
     src = source_batch()[:1]
     with tb.record_attention(model) as maps:
@@ -257,6 +267,7 @@ class TableModel(nn.Module):
         self.next_log_probs = next_log_probs
         self.decoder = SimpleNamespace(new_cache=self.new_cache)
         self.generator = nn.Identity()
+        self.eval()  # as a model to decode should be
 
     @staticmethod
     def new_cache(memory: torch.Tensor, capacity: int) -> tb.DecoderCache:

@@ -116,6 +116,24 @@ def test_fit_keeps_an_exponential_average_of_the_weights_and_evaluates_it():
     assert not torch.equal(averaged["generator.weight"], model.state_dict()["generator.weight"])
 
 
+def test_fit_evaluates_in_evaluation_mode_and_trains_in_training_mode():
+    """An evaluate that decodes (chapter 11's translate) must not see dropout: fit hands it
+    the model in evaluation mode, and the next step trains in training mode again."""
+    tb.seed_everything(0)
+    model = tb.make_model(tb.ModelConfig.small(11, dropout=0.3))
+    optimizer, schedule = tb.noam_optimizer(model, 64, 5)
+    batch = tb.copy_task_batch(8, generator=torch.Generator().manual_seed(0))
+    modes = []
+    model.register_forward_pre_hook(lambda module, args: modes.append(("step", module.training)))
+
+    def evaluate(m):
+        modes.append(("evaluate", m.training))
+        return 0.0
+
+    tb.fit(model, lambda step: batch, 3, optimizer, schedule, evaluate=evaluate, eval_every=1, progress=False)
+    assert modes == [("step", True), ("evaluate", False)] * 3
+
+
 def test_a_recipe_says_the_rate_its_optimizer_uses():
     for name in ("copy", "dates"):
         r = tb.recipe(name)

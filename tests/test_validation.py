@@ -199,6 +199,11 @@ CASES = {
         lambda m: tb.Recipe("copyy", 0.1, 32, 100, 1.0, None, 1e-9, 100, 10, 1.0),
         r"task must be one of \['copy', 'dates', 'numbers'\], got 'copyy'",
     ),
+    "decoding a weight average itself": (
+        lambda m: tb.greedy_decode(tb.weight_average(m, 0.9), ids, 5, 1, 2),
+        r"model must be one of the book's models, with a config; got AveragedModel \(.*decode its .module\)",
+    ),
+    "a decoder-only model from a number": (lambda m: DecoderOnly(11), r"config must be of type ModelConfig, got int"),
     "a device that is not one": (lambda m: tb.describe_environment("gpu0"), r"device must be a torch.device or a name"),
     "decoding longer than the model's max_len": (
         lambda m: tb.beam_search(m, ids, max_tokens=20, bos_id=1, eos_id=2),

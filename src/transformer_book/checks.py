@@ -17,6 +17,7 @@ either: check them before the compiled call.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
@@ -515,12 +516,30 @@ def check_pairs(src: Tensor, tgt: Tensor) -> None:
 
 
 def check_decoding(
-    config: object, src: Tensor, max_tokens: int, bos_id: int, eos_id: int | None
+    model: torch.nn.Module,
+    src: Tensor,
+    max_tokens: int,
+    bos_id: int,
+    eos_id: int | None,
 ) -> None:
-    """A decoding loop's arguments for a model of ``config`` (a ``ModelConfig``): ``src``
-    ids of its source vocabulary, ``max_tokens`` (the output's length, BOS included: at
-    least 2, so that one token is decoded) within the model's ``max_len``, ``bos_id`` and
-    ``eos_id`` target ids."""
+    """A decoding loop's arguments: a ``model`` with a ``config`` (a ``ModelConfig``),
+    ``src`` ids of its source vocabulary, ``max_tokens`` (the output's length, BOS
+    included: at least 2, so that one token is decoded) within the model's ``max_len``,
+    ``bos_id`` and ``eos_id`` target ids. A model left in training mode decodes with
+    dropout on, so each call may give other tokens: a warning says so."""
+    require_instance(model, "model", torch.nn.Module)
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(
+            f"model must be one of the book's models, with a config; got {type(model).__name__}"
+            " (for a weight average, decode its .module)"
+        )
+    if model.training:
+        warnings.warn(
+            "the model is in training mode, so dropout is on and decoding is random; "
+            "call model.eval() first",
+            stacklevel=4,  # check_decoding, the loop, inference_mode, the caller
+        )
     check_tokens(src, "src", config.src_vocab_size, config.max_len)
     check_positive(max_tokens, "max_tokens")
     if not 2 <= max_tokens <= config.max_len:

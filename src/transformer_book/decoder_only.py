@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
-from .checks import check_cache_room, check_positive, check_tokens
+from .checks import check_cache_room, check_positive, check_tokens, require_instance
 from .embedding import TokenEmbedding
 from .encoder import EncoderLayer
 from .layers import sublayer_connection
@@ -125,6 +125,7 @@ class DecoderOnly(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        require_instance(config, "config", ModelConfig)
         c = self.config = config
         # It reads both languages (src_vocab_size) and writes German only.
         self.embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)

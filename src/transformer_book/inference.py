@@ -39,7 +39,7 @@ def greedy_decode(
 ) -> Tensor:
     """``src (batch, src_len)`` → ids ``(batch, ≤ max_tokens)``: BOS, then the likeliest
     token at each step; ``pad_id`` after EOS. No cache: the same tokens, more slowly."""
-    check_decoding(model.config, src, max_tokens, bos_id, eos_id)
+    check_decoding(model, src, max_tokens, bos_id, eos_id)
     pad, batch, device = model.config.pad_id, src.shape[0], src.device
     src_mask = padding_mask(src, pad) if src_mask is None else src_mask
     ys = torch.full((batch, max_tokens), pad, device=device)  # filled step by step
@@ -97,7 +97,7 @@ def beam_search(
     With ``beam_size=1`` this is greedy decoding. No cache: each step feeds the whole
     prefix under the causal mask (the same tokens, more slowly).
     """
-    check_decoding(model.config, src, max_tokens, bos_id, eos_id)
+    check_decoding(model, src, max_tokens, bos_id, eos_id)
     check_positive(beam_size, "beam_size")
     check_non_negative(alpha, "alpha")
     pad_id, vocab = model.config.pad_id, model.config.tgt_vocab_size

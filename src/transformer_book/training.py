@@ -241,8 +241,9 @@ def fit(
     checked where they are, then it is moved to the model's device. ``model`` may be wrapped
     (``DistributedDataParallel``): the wrapper trains, the module inside is averaged and
     scored. ``evaluate(model)`` returns a metric such as exact match on a *validation* set;
-    it runs every ``eval_every`` steps and at the last, and training stops once it reaches
-    ``stop_at``. ``clip_norm`` caps the gradient norm; ``bf16`` trains under bfloat16 autocast.
+    it runs on the model in evaluation mode, every ``eval_every`` steps and at the last, and
+    training stops once it reaches ``stop_at``. ``clip_norm`` caps the gradient norm;
+    ``bf16`` trains under bfloat16 autocast.
     With ``average`` (a decay, e.g. 0.99) a :func:`weight_average` is kept: ``evaluate``
     scores it and ``history.averaged`` holds it; ``averaged`` continues one (a resumed run).
     ``loss_scale(batch)`` multiplies each step's loss (a process's share under torchrun);
@@ -288,7 +289,8 @@ def fit(
             stop = False
             if (eval_every and step % eval_every == 0) or step == steps:
                 if evaluate is not None:
-                    metric = evaluate(inner if averaged is None else averaged.module)
+                    scored = inner if averaged is None else averaged.module
+                    metric = evaluate(scored.eval())  # train_step sets train() again
                     history.eval_step.append(step)
                     history.eval_metric.append(metric)
                     figures["metric"] = f"{metric:.3f}"
