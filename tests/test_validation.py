@@ -204,6 +204,10 @@ CASES = {
         r"model must be one of the book's models, with a config; got AveragedModel \(.*decode its .module\)",
     ),
     "a decoder-only model from a number": (lambda m: DecoderOnly(11), r"config must be of type ModelConfig, got int"),
+    "a subword vocabulary smaller than its alphabet": (
+        lambda m: nums.NumberTask(vocab_size=5),
+        r"vocab_size=5 is below the 24 tokens of the alphabet and the special tokens",
+    ),
     "a device that is not one": (lambda m: tb.describe_environment("gpu0"), r"device must be a torch.device or a name"),
     "decoding longer than the model's max_len": (
         lambda m: tb.beam_search(m, ids, max_tokens=20, bos_id=1, eos_id=2),

@@ -260,6 +260,13 @@ class NumberTask:
         if tokenizer is None:  # learned from training numbers only
             corpus = sample_training(self.split, bpe_sample, random.Random(SPLIT_SEED))
             tokenizer = train_bpe(map(german_words, corpus), vocab_size, split_rule)
+            if (
+                tokenizer.get_vocab_size() > vocab_size
+            ):  # BPE never goes below its alphabet
+                raise ValueError(
+                    f"vocab_size={vocab_size} is below the {tokenizer.get_vocab_size()} tokens "
+                    "of the alphabet and the special tokens"
+                )
         self.tokenizer = tokenizer
         self.src_vocab_size = len(self.src_vocab)
         self.tgt_vocab_size = tokenizer.get_vocab_size()
