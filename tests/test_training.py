@@ -132,6 +132,7 @@ def test_fit_evaluates_in_evaluation_mode_and_trains_in_training_mode():
 
     tb.fit(model, lambda step: batch, 3, optimizer, schedule, evaluate=evaluate, eval_every=1, progress=False)
     assert modes == [("step", True), ("evaluate", False)] * 3
+    assert model.training  # returned as the steps left it
 
 
 def test_a_recipe_says_the_rate_its_optimizer_uses():

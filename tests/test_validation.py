@@ -139,7 +139,8 @@ CASES = {
     ),
     "a cache made for another memory": (
         lambda m: m.decode(torch.randn(2, 3, 64), ids[:, :1], cache=m.decoder.new_cache(m.encode(ids), 4)),
-        r"memory \(2, 3, 64\) is not the memory the cache was made for \(2 rows of 5 positions\)",
+        r"memory \(2, 3, 64\) has another shape than the memory the cache was made for "
+        r"\(2 rows of 5 positions\)",
     ),
     "a cache of another model's decoder": (
         lambda m: m.decode(
@@ -181,7 +182,7 @@ CASES = {
     ),
     "ids the vocabulary does not have": (
         lambda m: tb.Vocabulary("abc").decode([3, -1, 99]),
-        r"ids not in the vocabulary of 6 tokens: \[-1, 99\]",
+        r"ids\[1\] must be an id of the vocabulary, an int in \[0, 6\), got -1",
     ),
     "a batch from lists": (
         lambda m: tb.Batch.from_pairs([[1, 2, 3]], [[1, 2, 3]]),
@@ -204,6 +205,18 @@ CASES = {
         r"model must be one of the book's models, with a config; got AveragedModel \(.*decode its .module\)",
     ),
     "a decoder-only model from a number": (lambda m: DecoderOnly(11), r"config must be of type ModelConfig, got int"),
+    "a mask of one dimension": (
+        lambda m: tb.greedy_decode(m, ids, 5, 1, 2, src_mask=torch.ones(5, dtype=torch.bool)),
+        r"src_mask with shape \(5\) needs at least 2 dimensions, \(queries, keys\)",
+    ),
+    "a cache of another kind": (
+        lambda m: m.decode(m.encode(ids), ids[:, :1], cache=[1]),
+        r"cache must be of type DecoderCache or NoneType, got list",
+    ),
+    "a float id, which would be truncated": (
+        lambda m: tb.Vocabulary("abc").decode([3.7]),
+        r"ids\[0\] must be an id of the vocabulary, an int in \[0, 6\), got 3.7",
+    ),
     "a subword vocabulary smaller than its alphabet": (
         lambda m: nums.NumberTask(vocab_size=5),
         r"vocab_size=5 is below the 24 tokens of the alphabet and the special tokens",
@@ -354,3 +367,16 @@ def test_masks_cannot_be_passed_by_position(model):
     ):
         with pytest.raises(TypeError, match="positional argument"):
             call()
+
+
+def test_every_check_helper_is_exported():
+    """The API page promises that a listing calling a check runs after ``from transformer_book
+    import *``: every public ``check_*`` function of ``checks.py`` is in ``__all__``."""
+    import inspect
+
+    defined = {
+        name
+        for name, value in vars(tb.checks).items()
+        if name.startswith("check_") and inspect.isfunction(value) and value.__module__ == tb.checks.__name__
+    }
+    assert defined and defined <= set(tb.__all__), sorted(defined - set(tb.__all__))

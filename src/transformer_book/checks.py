@@ -17,6 +17,8 @@ either: check them before the compiled call.
 from __future__ import annotations
 
 import itertools
+import numbers
+import operator
 import warnings
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -45,12 +47,14 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     return tuple(reversed(result))
 
 
-def require_instance(value: object, name: str, kind: type) -> None:
-    """``value`` must be a ``kind`` (a ``Batch``, a module), else a ``ValueError`` naming ``name``."""
+def require_instance(value: object, name: str, kind: type | tuple[type, ...]) -> None:
+    """``value`` must be a ``kind`` (a ``Batch``, a module; or one of a tuple of types), else a
+    ``ValueError`` naming ``name``."""
     if not isinstance(value, kind):
-        raise ValueError(
-            f"{name} must be of type {kind.__name__}, got {type(value).__name__}"
+        kinds = " or ".join(
+            k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,))
         )
+        raise ValueError(f"{name} must be of type {kinds}, got {type(value).__name__}")
 
 
 def require_tensor(value: object, name: str) -> Tensor:
@@ -76,8 +80,8 @@ def check_positive(value: int, name: str) -> None:
 
 
 def is_real(value: object) -> bool:
-    """Whether ``value`` is an ``int`` or a ``float`` (not a bool, not a string)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """Whether ``value`` is a real number (an int, a float, NumPy's; not a bool, not a string)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_positive_number(value: float, name: str) -> None:
@@ -98,14 +102,16 @@ def check_probability(value: float, name: str) -> None:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 
-def check_id(value: int, name: str, vocab_size: int) -> None:
-    """``value`` must be an id of a vocabulary of ``vocab_size``: an ``int`` (not a bool, not
-    a float, which a tensor would silently truncate) in ``[0, vocab_size)``."""
-    if (
-        not isinstance(value, int)
-        or isinstance(value, bool)
-        or not 0 <= value < vocab_size
-    ):
+def check_token_id(value: int, name: str, vocab_size: int) -> None:
+    """``value`` must be one id of a vocabulary of ``vocab_size``: an integer (a Python, NumPy
+    or 0-d tensor one; not a bool, and not a float, which a tensor would silently truncate)
+    in ``[0, vocab_size)``."""
+    try:
+        # What an integer type gives, and nothing else does.
+        index = operator.index(value)
+    except TypeError:
+        index = None
+    if index is None or isinstance(value, bool) or not 0 <= index < vocab_size:
         raise ValueError(
             f"{name} must be an id of the vocabulary, an int in [0, {vocab_size}), got {value!r}"
         )
@@ -122,7 +128,7 @@ def check_embedding(
     check_positive(vocab_size, "vocab_size")
     check_positive(d_model, "d_model")
     if padding_idx is not None:
-        check_id(padding_idx, name, vocab_size)
+        check_token_id(padding_idx, name, vocab_size)
 
 
 def check_encoding(max_len: int, d_model: int) -> None:
@@ -152,7 +158,7 @@ def check_smoothing(vocab_size: int, smoothing: float, pad_id: int) -> None:
         raise ValueError(
             f"vocab_size must be at least 3 (padding, the right token, another), got {vocab_size!r}"
         )
-    check_id(pad_id, "pad_id", vocab_size)
+    check_token_id(pad_id, "pad_id", vocab_size)
 
 
 def check_schedule(
@@ -315,6 +321,10 @@ def check_mask(
     broadcasts = all(
         size in (1, goal) for size, goal in zip(reversed(mask.shape), reversed(target))
     )
+    if mask.dim() < 2:
+        raise ValueError(
+            f"{name} with shape {shape_of(mask)} needs at least 2 dimensions, (queries, keys)"
+        )
     if mask.dim() > len(target) or not broadcasts:
         expected = "(" + ", ".join(str(size) for size in target) + ")"
         problem = (
@@ -461,12 +471,12 @@ def check_cache(
     cross = cache.layers[0].cross_attn.key  # (batch, heads, src_len, d_head)
     if (cross.shape[0], cross.shape[2]) != (memory.shape[0], memory.shape[1]):
         raise ValueError(
-            f"memory {shape_of(memory)} is not the memory the cache was made for "
-            f"({cross.shape[0]} rows of {cross.shape[2]} positions): make a new cache"
+            f"memory {shape_of(memory)} has another shape than the memory the cache was made "
+            f"for ({cross.shape[0]} rows of {cross.shape[2]} positions): make a new cache"
         )
     if (
         isinstance(tgt_mask, Tensor)
-        and tgt_mask.dim()
+        and tgt_mask.dim() >= 2
         and tgt_mask.shape[-1] != capacity
     ):
         raise ValueError(
@@ -536,8 +546,8 @@ def check_decoding(
         )
     if model.training:
         warnings.warn(
-            "the model is in training mode, so dropout is on and decoding is random; "
-            "call model.eval() first",
+            "the model is in training mode: any dropout it has is on, so decoding may "
+            "differ from call to call; call model.eval() first",
             stacklevel=4,  # check_decoding, the loop, inference_mode, the caller
         )
     check_tokens(src, "src", config.src_vocab_size, config.max_len)
@@ -547,9 +557,9 @@ def check_decoding(
             f"max_tokens={max_tokens} must be at least 2 (BOS and one decoded token) and "
             f"at most the model's max_len={config.max_len}"
         )
-    check_id(bos_id, "bos_id", config.tgt_vocab_size)
+    check_token_id(bos_id, "bos_id", config.tgt_vocab_size)
     if eos_id is not None:
-        check_id(eos_id, "eos_id", config.tgt_vocab_size)
+        check_token_id(eos_id, "eos_id", config.tgt_vocab_size)
     if bos_id == config.pad_id:
         raise ValueError(
             f"bos_id={bos_id} is the padding id: the decoder would read its first token as padding"

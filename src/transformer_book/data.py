@@ -32,7 +32,13 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from .checks import check_pairs, check_positive, require_instance, shape_of
+from .checks import (
+    check_pairs,
+    check_positive,
+    check_token_id,
+    require_instance,
+    shape_of,
+)
 from .masking import padding_mask, target_mask
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
@@ -67,15 +73,12 @@ class Vocabulary:
 
     def decode(self, ids: Iterable[int], strip: bool = True) -> list[str]:
         """Ids back to tokens; with ``strip`` stop at ``<eos>`` and drop ``<bos>``/``<pad>``."""
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < len(self.tokens)]
-        if bad:
-            raise ValueError(
-                f"ids not in the vocabulary of {len(self.tokens)} tokens: {bad}"
-            )
+        ids = list(ids)
+        for k, i in enumerate(ids):
+            check_token_id(i, f"ids[{k}]", len(self.tokens))
         words = []
         for i in ids:
-            token = self.tokens[i]
+            token = self.tokens[int(i)]
             if strip and token == EOS:
                 break
             if not (strip and token in (PAD, BOS)):

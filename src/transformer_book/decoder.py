@@ -154,8 +154,11 @@ class Decoder(nn.Module):
 
         Masks by keyword only (see :class:`DecoderLayer`). With ``cache``, ``x`` holds only the
         new positions; they are written into the cache at ``cache.position``, and the keys and
-        values of the earlier ones are read from it.
+        values of the earlier ones are read from it (``tgt_mask`` defaults to the cache's
+        :meth:`~DecoderCache.slot_mask`, which hides the slots not written yet).
         """
+        if cache is not None and tgt_mask is None:  # never the slots not written yet
+            tgt_mask = cache.slot_mask(x.shape[1])
         for index, layer in enumerate(self.layers):
             layer_cache = cache.layers[index] if cache is not None else None
             x = layer(

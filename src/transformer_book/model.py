@@ -161,6 +161,7 @@ class Transformer(nn.Module):
         cache's causal mask over its slots.
         """
         c = self.config
+        require_instance(cache, "cache", (DecoderCache, type(None)))
         check_target(
             tgt, memory, c.tgt_vocab_size, c.max_len, src_mask, tgt_mask, cache,
             c.num_layers,
@@ -169,8 +170,7 @@ class Transformer(nn.Module):
             offset = 0
             tgt_mask = target_mask(tgt, c.pad_id) if tgt_mask is None else tgt_mask
         else:  # the new positions only: keys and values of the others are cached
-            offset = cache.position
-            tgt_mask = cache.slot_mask(tgt.shape[1]) if tgt_mask is None else tgt_mask
+            offset = cache.position  # tgt_mask: None gives the decoder the cache's own
         x = self.positional(self.tgt_embed(tgt), offset=offset)
         hidden = self.decoder(
             x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache

@@ -260,9 +260,8 @@ class NumberTask:
         if tokenizer is None:  # learned from training numbers only
             corpus = sample_training(self.split, bpe_sample, random.Random(SPLIT_SEED))
             tokenizer = train_bpe(map(german_words, corpus), vocab_size, split_rule)
-            if (
-                tokenizer.get_vocab_size() > vocab_size
-            ):  # BPE never goes below its alphabet
+            # BPE never goes below its alphabet and special tokens.
+            if tokenizer.get_vocab_size() > vocab_size:
                 raise ValueError(
                     f"vocab_size={vocab_size} is below the {tokenizer.get_vocab_size()} tokens "
                     "of the alphabet and the special tokens"

@@ -290,7 +290,9 @@ def fit(
             if (eval_every and step % eval_every == 0) or step == steps:
                 if evaluate is not None:
                     scored = inner if averaged is None else averaged.module
-                    metric = evaluate(scored.eval())  # train_step sets train() again
+                    mode = scored.training
+                    metric = evaluate(scored.eval())
+                    scored.train(mode)  # as it was: fit returns the model in it
                     history.eval_step.append(step)
                     history.eval_metric.append(metric)
                     figures["metric"] = f"{metric:.3f}"
