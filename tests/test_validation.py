@@ -148,7 +148,7 @@ CASES = {
             ids[:, :1],
             cache=tb.make_model(tb.ModelConfig.small(11, num_layers=1)).decoder.new_cache(m.encode(ids), 4),
         ),
-        r"the cache has 1 layers but the decoder has 2",
+        r"the cache has 1 layers but the decoder has 2: make the cache with this model's decoder.new_cache",
     ),
     "a one-slot mask over a cache": (
         lambda m: m.decode(
@@ -205,6 +205,12 @@ CASES = {
         r"model must be one of the book's models, with a config; got AveragedModel \(.*decode its .module\)",
     ),
     "a decoder-only model from a number": (lambda m: DecoderOnly(11), r"config must be of type ModelConfig, got int"),
+    "a decoder-only cache of another model": (
+        lambda m: DecoderOnly(tb.ModelConfig.small(11, num_layers=3)).decode(
+            ids, ids[:, :1], cache=DecoderOnly(tb.ModelConfig.small(11)).decoder.new_cache(ids, 4)
+        ),
+        r"the cache has 2 layers but the decoder has 3",
+    ),
     "a mask of one dimension": (
         lambda m: tb.greedy_decode(m, ids, 5, 1, 2, src_mask=torch.ones(5, dtype=torch.bool)),
         r"src_mask with shape \(5\) needs at least 2 dimensions, \(queries, keys\)",

@@ -440,6 +440,16 @@ def check_target(
     check_mask(tgt_mask, "tgt_mask", (batch, new, keys), memory.device)
 
 
+def check_cache_layers(cache: object, num_layers: int) -> None:
+    """A KV cache (any with ``layers``) must hold one layer cache per decoder layer: one made
+    by another model's decoder would fail deep inside, or feed a layer another's keys."""
+    if len(cache.layers) != num_layers:
+        raise ValueError(
+            f"the cache has {len(cache.layers)} layers but the decoder has {num_layers}: "
+            "make the cache with this model's decoder.new_cache"
+        )
+
+
 def check_cache(
     cache: object,
     tgt: Tensor,
@@ -456,11 +466,8 @@ def check_cache(
     whose last axis covers every slot (a last axis of 1 would let a step see the slots not
     written yet)."""
     capacity, rows = cache.capacity, cache.layers[0].self_attn.key.shape[0]
-    if num_layers is not None and len(cache.layers) != num_layers:
-        raise ValueError(
-            f"the cache has {len(cache.layers)} layers but the decoder has {num_layers}: "
-            "make the cache with this model's decoder.new_cache"
-        )
+    if num_layers is not None:
+        check_cache_layers(cache, num_layers)
     if capacity > max_len or tgt.shape[1] > capacity:
         raise ValueError(
             f"tgt {shape_of(tgt)} and a cache of capacity {capacity}: the new positions must fit "

@@ -15,7 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
-from .checks import check_cache_room, check_positive, check_tokens, require_instance
+from .checks import (
+    check_cache_layers,
+    check_cache_room,
+    check_positive,
+    check_tokens,
+    require_instance,
+)
 from .embedding import TokenEmbedding
 from .encoder import EncoderLayer
 from .layers import sublayer_connection
@@ -151,6 +157,8 @@ class DecoderOnly(nn.Module):
         if cache is None:
             x = self.positional(self.embed(tokens))
             return self.decoder(x, target_mask(tokens, self.config.pad_id))[:, start:]
+        require_instance(cache, "cache", DecoderOnlyCache)
+        check_cache_layers(cache, len(self.decoder.layers))
         check_cache_room(cache.position, tokens, cache.capacity, "src and tgt")
         x = self.positional(self.embed(tokens), offset=cache.position)
         mask = cache.step_mask(tokens, self.config.pad_id)
