@@ -102,16 +102,20 @@ def check_probability(value: float, name: str) -> None:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 
-def check_token_id(value: int, name: str, vocab_size: int) -> None:
-    """``value`` must be one id of a vocabulary of ``vocab_size``: an integer (a Python, NumPy
-    or 0-d tensor one; not a bool, and not a float, which a tensor would silently truncate)
-    in ``[0, vocab_size)``."""
+def is_index(value: object, stop: int) -> bool:
+    """Whether ``value`` is an integer (a Python, NumPy or 0-d tensor one; not a bool, and not
+    a float, which a tensor would silently truncate) in ``[0, stop)``."""
     try:
         # What an integer type gives, and nothing else does.
         index = operator.index(value)
     except TypeError:
-        index = None
-    if index is None or isinstance(value, bool) or not 0 <= index < vocab_size:
+        return False
+    return not isinstance(value, bool) and 0 <= index < stop
+
+
+def check_token_id(value: int, name: str, vocab_size: int) -> None:
+    """``value`` must be one id of a vocabulary of ``vocab_size`` (see :func:`is_index`)."""
+    if not is_index(value, vocab_size):
         raise ValueError(
             f"{name} must be an id of the vocabulary, an int in [0, {vocab_size}), got {value!r}"
         )
@@ -506,11 +510,7 @@ def check_aligned(hidden: Tensor, target: Tensor) -> None:
 
 def check_start(start_step: int, steps: int) -> None:
     """A resumed run's ``start_step``: the steps already done, an int in ``[0, steps)``."""
-    if (
-        not isinstance(start_step, int)
-        or isinstance(start_step, bool)
-        or not 0 <= start_step < steps
-    ):
+    if not is_index(start_step, steps):
         raise ValueError(
             f"start_step must be an int in [0, steps={steps}), got {start_step!r}"
         )

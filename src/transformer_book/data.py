@@ -73,11 +73,9 @@ class Vocabulary:
 
     def decode(self, ids: Iterable[int], strip: bool = True) -> list[str]:
         """Ids back to tokens; with ``strip`` stop at ``<eos>`` and drop ``<bos>``/``<pad>``."""
-        ids = list(ids)
+        words = []
         for k, i in enumerate(ids):
             check_token_id(i, f"ids[{k}]", len(self.tokens))
-        words = []
-        for i in ids:
             token = self.tokens[int(i)]
             if strip and token == EOS:
                 break
