@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -35,7 +37,24 @@ def first_batch() -> tb.Batch:
     return tb.Batch.from_pairs(ids, torch.tensor([[1, 3, 4, 2], [1, 5, 2, 0]]))
 
 
+def on_meta(m: tb.Transformer) -> tb.Transformer:
+    """A copy of ``m`` on the meta device: another device than the CPU's ids, without a GPU."""
+    return copy.deepcopy(m).to("meta")
+
+
 CASES = {
+    "a GPU model given the CPU's ids (as test_set() makes them)": (
+        lambda m: tb.greedy_decode(on_meta(m), ids, max_tokens=4, bos_id=1, eos_id=2),
+        r"src with shape \(2, 5\) is on cpu, but the model is on meta: move it there with \.to\('meta'\)",
+    ),
+    "a target on another device than the memory": (
+        lambda m: m.decode(m.encode(ids).to("meta"), ids),
+        r"tgt with shape \(2, 5\) is on cpu, but memory is on meta",
+    ),
+    "keys on another device than the queries": (
+        lambda m: tb.scaled_dot_product_attention(x, x.to("meta"), x),
+        r"key with shape \(2, 5, 16\) is on meta, but query is on cpu",
+    ),
     "d_model not divisible by heads": (lambda m: tb.MultiHeadAttention(512, 7), r"d_model=512 .*num_heads=7"),
     "config heads": (lambda m: tb.ModelConfig(11, 11, d_model=30, num_heads=4), r"d_model=30 .*num_heads=4"),
     "odd d_model for sinusoids": (lambda m: tb.sinusoidal_positional_encoding(10, 7), r"d_model must be even .*got 7"),

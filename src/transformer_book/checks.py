@@ -215,12 +215,31 @@ def check_features(x: Tensor, name: str, d_model: int, ndim: int = 3) -> None:
         raise ValueError(f"{name} is empty: shape {shape_of(x)}")
 
 
-def check_tokens(
-    tokens: Tensor, name: str, vocab_size: int | None = None, max_len: int | None = None
+def check_device(
+    tensor: Tensor, name: str, device: torch.device, owner: str = "the model"
 ) -> None:
-    """``tokens`` must be integer ids ``(batch, seq)``; in ``[0, vocab_size)`` and at most
-    ``max_len`` long when those are given."""
+    """``tensor`` must be on ``device``, where ``owner`` is. A tensor on another device fails
+    deep inside PyTorch, with a message that names neither; a model on a GPU is given ids
+    made on the CPU, for one."""
+    if tensor.device != device:
+        raise ValueError(
+            f"{name} with shape {shape_of(tensor)} is on {tensor.device}, but {owner} is on "
+            f"{device}: move it there with .to({str(device)!r})"
+        )
+
+
+def check_tokens(
+    tokens: Tensor,
+    name: str,
+    vocab_size: int | None = None,
+    max_len: int | None = None,
+    device: torch.device | None = None,
+) -> None:
+    """``tokens`` must be integer ids ``(batch, seq)``; in ``[0, vocab_size)``, at most
+    ``max_len`` long and on the model's ``device`` when those are given."""
     require_tensor(tokens, name)
+    if device is not None:
+        check_device(tokens, name, device)
     if (
         tokens.dtype.is_floating_point
         or tokens.dtype == torch.bool
@@ -337,10 +356,8 @@ def check_mask(
             else "does not broadcast to"
         )
         raise ValueError(f"{name} with shape {shape_of(mask)} {problem} {expected}")
-    if device is not None and mask.device != device:
-        raise ValueError(
-            f"{name} with shape {shape_of(mask)} is on {mask.device}, but the queries are on {device}"
-        )
+    if device is not None:
+        check_device(mask, name, device, "the queries")
 
 
 def check_attention(
@@ -355,10 +372,7 @@ def check_attention(
             raise ValueError(
                 f"{name} must be a floating tensor (..., len, features), got {tensor.dtype} {shape_of(tensor)}"
             )
-        if tensor.device != query.device:
-            raise ValueError(
-                f"{name} is on {tensor.device} but query is on {query.device}"
-            )
+        check_device(tensor, name, query.device, "query")
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(
             f"query and key must share d_k, got query {shape_of(query)} and key {shape_of(key)}"
@@ -437,6 +451,7 @@ def check_target(
         raise ValueError(
             f"tgt {shape_of(tgt)} and memory {shape_of(memory)} must have the same batch size"
         )
+    check_device(tgt, "tgt", memory.device, "memory")
     if cache is not None:
         check_cache(cache, tgt, memory, max_len, num_layers, tgt_mask)
     batch, new = tgt.shape

@@ -37,5 +37,5 @@ class TokenEmbedding(nn.Module):
         return self.lookup.weight
 
     def forward(self, tokens: Tensor) -> Tensor:
-        check_tokens(tokens, "tokens", self.vocab_size)
+        check_tokens(tokens, "tokens", self.vocab_size, device=self.weight.device)
         return self.lookup(tokens) * math.sqrt(self.d_model)

@@ -132,9 +132,10 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """``src (batch, src_len)`` → memory ``(batch, src_len, d_model)``."""
-        check_tokens(src, "src", self.config.src_vocab_size, self.config.max_len)
+        c, device = self.config, self.generator.weight.device
+        check_tokens(src, "src", c.src_vocab_size, c.max_len, device)
         if src_mask is None:
-            src_mask = padding_mask(src, self.config.pad_id)
+            src_mask = padding_mask(src, c.pad_id)
         check_mask(
             src_mask, "src_mask", (src.shape[0], src.shape[1], src.shape[1]), src.device
         )
