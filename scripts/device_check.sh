@@ -2,7 +2,8 @@
 # A GPU session's device checks in one command, for a borrowed machine (the device tool's
 # `run`, with carry=[".whl"]) or any box with an NVIDIA GPU:
 #
-#   chapters   every chapter executed on cuda, all at once (one kernel each, nbclient);
+#   chapters   every chapter executed on cuda, all at once (one kernel each, nbclient), and
+#              the values each page glues into its prose, as computed there, in glue_cuda.json;
 #   tests      the package tests on cuda, six workers (`-m "not book"` and without the tests
 #              of tools such a machine lacks: jupyter-book, Chromium, ruff, npm, actionlint);
 #   decoding   benchmarks/bench_decoding.py, which writes results/decoding_cuda.json;
@@ -24,6 +25,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$(mktemp -d)}"
+# Each stage's status, and each chapter's glued values, gathered here before $OUT (the device
+# tool brings back at most 8 files from it).
+WORK="$(mktemp -d)"
+export WORK
 STAGES="${STAGES:-chapters+tests decoding}"
 export TRANSFORMER_BOOK_DEVICE="${TRANSFORMER_BOOK_DEVICE:-cuda}" PYTHONUNBUFFERED=1
 status=0
@@ -43,26 +48,39 @@ stage() {  # stage NAME SECONDS COMMAND...: run it, log it, report its time and 
     shift 2
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     rc=$?
-    echo "== $name: exit $rc after $((SECONDS - start)) s (log: $name.log)" >"$OUT/$name.status"
-    tail -n 20 "$OUT/$name.log" >>"$OUT/$name.status"
+    echo "== $name: exit $rc after $((SECONDS - start)) s (log: $name.log)" >"$WORK/$name.status"
+    tail -n 20 "$OUT/$name.log" >>"$WORK/$name.status"
     return "$rc"
 }
 
 # shellcheck disable=SC2329  # called by xargs, through export -f
 execute_chapter() {  # one notebook, executed in its folder as the book build does
     python3 - "$1" <<'EOF'
-import sys, time
+import json, os, sys, time
 from pathlib import Path
 import nbclient, nbformat
 path = Path(sys.argv[1])
 start = time.perf_counter()
 notebook = nbformat.read(path, as_version=4)
+failed = None
 try:
     nbclient.NotebookClient(
         notebook, timeout=600, resources={"metadata": {"path": str(path.parent)}}
     ).execute()
 except Exception as error:
-    print(f"FAILED {path} after {time.perf_counter() - start:.1f} s:\n{error}"[:4000])
+    failed = error
+# The values its prose shows, as glued on this device (those glued before a failure).
+glued = {
+    output["metadata"]["scrapbook"]["name"]: output["data"].get(
+        "application/papermill.record/text/plain"
+    )
+    for cell in notebook.cells
+    for output in cell.get("outputs", [])
+    if "scrapbook" in output.get("metadata", {})
+}
+Path(os.environ["WORK"], f"glue-{path.stem}.json").write_text(json.dumps(glued))
+if failed is not None:
+    print(f"FAILED {path} after {time.perf_counter() - start:.1f} s:\n{failed}"[:4000])
     sys.exit(1)
 print(f"ok     {path} in {time.perf_counter() - start:.1f} s")
 EOF
@@ -74,6 +92,12 @@ run_stage() {  # run_stage NAME: one stage, by name
     chapters)
         stage chapters 200 bash -c \
             'ls chapters/*.ipynb chapters/appendix/*.ipynb | xargs -P 16 -I{} bash -c "execute_chapter {}"'
+        local rc=$?
+        # Every page's glued values in one file, by page: the prose's numbers on this device.
+        python3 -c 'import json, pathlib, sys; print(json.dumps({p.stem[5:]: json.loads(
+            p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("glue-*.json"))},
+            indent=1))' "$WORK" >"$OUT/glue_${TRANSFORMER_BOOK_DEVICE%%:*}.json"
+        return "$rc"
         ;;
     tests)
         # Left out: the tests of tools such a machine lacks (ruff, npm, jupyter-book,
@@ -90,7 +114,7 @@ run_stage() {  # run_stage NAME: one stage, by name
         stage model 420 python3 benchmarks/bench_model.py
         cp benchmarks/results/model_cuda.json "$OUT/" 2>/dev/null
         ;;
-    *) echo "unknown stage $1" >"$OUT/$1.status" && return 1 ;;
+    *) echo "unknown stage $1" >"$WORK/$1.status" && return 1 ;;
     esac
 }
 
@@ -104,7 +128,7 @@ for group in $STAGES; do
         wait "$pid" || status=1
     done
     for name in ${group//+/ }; do
-        cat "$OUT/$name.status"
+        cat "$WORK/$name.status"
     done
 done
 exit "$status"
