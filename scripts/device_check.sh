@@ -107,12 +107,14 @@ run_stage() {  # run_stage NAME: one stage, by name
             -k "not actionlint and not shellcheck"
         ;;
     decoding)
-        stage decoding 240 python3 benchmarks/bench_decoding.py
-        cp benchmarks/results/decoding_cuda.json "$OUT/" 2>/dev/null
+        # the results file only from a run that finished (git holds an older one)
+        stage decoding 240 python3 benchmarks/bench_decoding.py &&
+            cp benchmarks/results/decoding_cuda.json "$OUT/"
         ;;
     model)
-        stage model 420 python3 benchmarks/bench_model.py
-        cp benchmarks/results/model_cuda.json "$OUT/" 2>/dev/null
+        # the results file only from a run that finished (git holds an older one)
+        stage model 420 python3 benchmarks/bench_model.py &&
+            cp benchmarks/results/model_cuda.json "$OUT/"
         ;;
     *) echo "unknown stage $1" >"$WORK/$1.status" && return 1 ;;
     esac
