@@ -5,7 +5,8 @@
 #   chapters   every chapter executed on cuda, all at once (one kernel each, nbclient), and
 #              the values each page glues into its prose, as computed there, in glue_cuda.json;
 #   tests      the package tests on cuda, six workers (`-m "not book"` and without the tests
-#              of tools such a machine lacks: jupyter-book, Chromium, ruff, npm, actionlint);
+#              of tools such a machine lacks: jupyter-book, Chromium, ruff, npm, actionlint
+#              and the shell linter);
 #   decoding   benchmarks/bench_decoding.py, which writes results/decoding_cuda.json;
 #   model      benchmarks/bench_model.py, which writes results/model_cuda.json.
 #
@@ -20,8 +21,9 @@
 #   bash scripts/device_check.sh                          # chapters+tests, then decoding
 #   STAGES="decoding model" bash scripts/device_check.sh  # some stages, in this order
 #
-# Stages joined by "+" run side by side (the chapters and the tests only check, so they may
-# share the machine); the benchmarks run alone, one after the other, since they time.
+# Stages joined by "+" run side by side (the chapters and the tests assert nothing about
+# speed, so they may share the machine; the few timings the pages show are then taken under
+# that load); the benchmarks run alone, one after the other, since they time.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$(mktemp -d)}"
@@ -29,6 +31,25 @@ OUT="${OUT:-$(mktemp -d)}"
 # tool brings back at most 8 files from it).
 WORK="$(mktemp -d)"
 export WORK
+trap 'rm -rf "$WORK"' EXIT
+# tb.glue hands values to myst-nb, which such a machine lacks (it needs Sphinx): without
+# it nothing is glued. A stand-in gives the kernels myst-nb's glue record alone.
+if ! python3 -c "import myst_nb" 2>/dev/null; then
+    mkdir -p "$WORK/stand-in/myst_nb"
+    cat >"$WORK/stand-in/myst_nb/__init__.py" <<'EOF'
+"""Stand-in for myst-nb's glue (scripts/device_check.sh): the record, not the display."""
+from IPython.core.formatters import format_display_data
+from IPython.display import display as show
+
+
+def glue(name, variable, display=True):
+    bundle, metadata = format_display_data(variable)
+    prefix = "application/papermill.record/"
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    show({prefix + key: value for key, value in bundle.items()}, raw=True, metadata=metadata)
+EOF
+    export PYTHONPATH="$WORK/stand-in${PYTHONPATH:+:$PYTHONPATH}"
+fi
 STAGES="${STAGES:-chapters+tests decoding}"
 export TRANSFORMER_BOOK_DEVICE="${TRANSFORMER_BOOK_DEVICE:-cuda}" PYTHONUNBUFFERED=1
 status=0
@@ -93,10 +114,12 @@ run_stage() {  # run_stage NAME: one stage, by name
         stage chapters 200 bash -c \
             'ls chapters/*.ipynb chapters/appendix/*.ipynb | xargs -P 16 -I{} bash -c "execute_chapter {}"'
         local rc=$?
-        # Every page's glued values in one file, by page: the prose's numbers on this device.
+        # Every page's glued values in one file, by page: the prose's numbers on this device
+        # (the timings among them taken beside the other pages and the tests).
         python3 -c 'import json, pathlib, sys; print(json.dumps({p.stem[5:]: json.loads(
             p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("glue-*.json"))},
-            indent=1))' "$WORK" >"$OUT/glue_${TRANSFORMER_BOOK_DEVICE%%:*}.json"
+            indent=1))' "$WORK" >"$OUT/glue_${TRANSFORMER_BOOK_DEVICE%%:*}.json" ||
+            echo "the glued values could not be gathered" >&2
         return "$rc"
         ;;
     tests)

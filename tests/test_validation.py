@@ -51,6 +51,10 @@ CASES = {
         lambda m: m.decode(m.encode(ids).to("meta"), ids),
         r"tgt with shape \(2, 5\) is on cpu, but memory is on meta",
     ),
+    "a source mask on another device than the source": (
+        lambda m: m.encode(ids, torch.ones(2, 1, 5, dtype=torch.bool, device="meta")),
+        r"src_mask with shape \(2, 1, 5\) is on meta, but the query is on cpu",
+    ),
     "keys on another device than the queries": (
         lambda m: tb.scaled_dot_product_attention(x, x.to("meta"), x),
         r"key with shape \(2, 5, 16\) is on meta, but query is on cpu",

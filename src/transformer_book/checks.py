@@ -216,12 +216,14 @@ def check_features(x: Tensor, name: str, d_model: int, ndim: int = 3) -> None:
 
 
 def check_device(
-    tensor: Tensor, name: str, device: torch.device, owner: str = "the model"
+    tensor: Tensor, name: str, device: torch.device | str, owner: str = "the model"
 ) -> None:
-    """``tensor`` must be on ``device``, where ``owner`` is. A tensor on another device fails
-    deep inside PyTorch, with a message that names neither; a model on a GPU is given ids
-    made on the CPU, for one."""
-    if tensor.device != device:
+    """``tensor`` must be on ``device``, where ``owner`` is (``"cuda"`` without an index: any
+    GPU). A tensor on another device fails deep inside PyTorch, with a message that names
+    neither; a model on a GPU is given ids made on the CPU, for one."""
+    device = torch.device(device)
+    same_index = device.index is None or device.index == tensor.device.index
+    if tensor.device.type != device.type or not same_index:
         raise ValueError(
             f"{name} with shape {shape_of(tensor)} is on {tensor.device}, but {owner} is on "
             f"{device}: move it there with .to({str(device)!r})"
@@ -357,7 +359,7 @@ def check_mask(
         )
         raise ValueError(f"{name} with shape {shape_of(mask)} {problem} {expected}")
     if device is not None:
-        check_device(mask, name, device, "the queries")
+        check_device(mask, name, device, "the query")
 
 
 def check_attention(

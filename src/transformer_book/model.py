@@ -132,7 +132,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """``src (batch, src_len)`` → memory ``(batch, src_len, d_model)``."""
-        c, device = self.config, self.generator.weight.device
+        c, device = self.config, self.src_embed.weight.device
         check_tokens(src, "src", c.src_vocab_size, c.max_len, device)
         if src_mask is None:
             src_mask = padding_mask(src, c.pad_id)
