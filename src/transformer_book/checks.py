@@ -215,13 +215,24 @@ def check_features(x: Tensor, name: str, d_model: int, ndim: int = 3) -> None:
         raise ValueError(f"{name} is empty: shape {shape_of(x)}")
 
 
+def as_device(device: torch.device | str) -> torch.device:
+    """``device`` as a ``torch.device`` (``"cpu"``, ``"cuda:0"`` or a device itself); anything
+    else is a ``ValueError`` that names it."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device must be a torch.device or a name such as 'cpu' or 'cuda', got {device!r}"
+        ) from None
+
+
 def check_device(
     tensor: Tensor, name: str, device: torch.device | str, owner: str = "the model"
 ) -> None:
     """``tensor`` must be on ``device``, where ``owner`` is (``"cuda"`` without an index: any
     GPU). A tensor on another device fails deep inside PyTorch, with a message that names
     neither; a model on a GPU is given ids made on the CPU, for one."""
-    device = torch.device(device)
+    device = as_device(device)
     same_index = device.index is None or device.index == tensor.device.index
     if tensor.device.type != device.type or not same_index:
         raise ValueError(
@@ -455,10 +466,16 @@ def check_target(
         )
     check_device(tgt, "tgt", memory.device, "memory")
     if cache is not None:
-        check_cache(cache, tgt, memory, max_len, num_layers, tgt_mask)
+        check_cache(cache, tgt, memory, max_len, num_layers)
     batch, new = tgt.shape
     check_mask(src_mask, "src_mask", (batch, new, memory.shape[1]), memory.device)
     check_mask(tgt_mask, "tgt_mask", (batch, new, keys), memory.device)
+    # With a cache, a key axis of 1 would broadcast over the slots not written yet.
+    if cache is not None and tgt_mask is not None and tgt_mask.shape[-1] != keys:
+        raise ValueError(
+            f"tgt_mask with shape {shape_of(tgt_mask)}: with a cache its last axis must be the "
+            f"cache's {keys} slots (or leave it None for the cache's own mask)"
+        )
 
 
 def check_cache_layers(cache: object, num_layers: int) -> None:
@@ -477,15 +494,12 @@ def check_cache(
     memory: Tensor,
     max_len: int,
     num_layers: int | None = None,
-    tgt_mask: Tensor | None = None,
 ) -> None:
     """A decoding step's ``cache`` (a ``DecoderCache``) for ``tgt (batch, new)`` and ``memory
     (batch, src_len, d_model)``: one layer cache per decoder layer (``num_layers``, if
     given), a capacity within ``max_len`` with room for the ``new`` positions, as many rows
-    as ``tgt``, the cross-attention keys of this very memory's length (the cache holds them,
-    projected when it was made, and would silently use them instead), and a ``tgt_mask``
-    whose last axis covers every slot (a last axis of 1 would let a step see the slots not
-    written yet)."""
+    as ``tgt``, and the cross-attention keys of this very memory's length (the cache holds
+    them, projected when it was made, and would silently use them instead)."""
     capacity, rows = cache.capacity, cache.layers[0].self_attn.key.shape[0]
     if num_layers is not None:
         check_cache_layers(cache, num_layers)
@@ -501,15 +515,6 @@ def check_cache(
         raise ValueError(
             f"memory {shape_of(memory)} has another shape than the memory the cache was made "
             f"for ({cross.shape[0]} rows of {cross.shape[2]} positions): make a new cache"
-        )
-    if (
-        isinstance(tgt_mask, Tensor)
-        and tgt_mask.dim() >= 2
-        and tgt_mask.shape[-1] != capacity
-    ):
-        raise ValueError(
-            f"tgt_mask with shape {shape_of(tgt_mask)}: with a cache its last axis must be the "
-            f"cache's {capacity} slots (or leave it None for the cache's own mask)"
         )
     check_cache_room(cache.position, tgt, capacity)
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checks import require_instance
+from .checks import as_device, require_instance
 
 DEVICE_ENV = "TRANSFORMER_BOOK_DEVICE"
 SEED_ENV = "TRANSFORMER_BOOK_SEED"
@@ -58,17 +58,6 @@ def get_device() -> torch.device:
     if torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
-
-
-def as_device(device: torch.device | str) -> torch.device:
-    """``device`` as a ``torch.device`` (``"cpu"``, ``"cuda:0"`` or a device itself); anything
-    else is a ``ValueError`` that names it."""
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(
-            f"device must be a torch.device or a name such as 'cpu' or 'cuda', got {device!r}"
-        ) from None
 
 
 def compile_unavailable(device: torch.device) -> str | None:
